@@ -1,0 +1,34 @@
+# `make test` works on a fresh clone: it builds .venv when missing, then lints and tests.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint format bench-cpu clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build of torch from local disk first, so nothing pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0 triton==3.6.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: $(STAMP) lint
+	TRITON_INTERPRET=1 $(BIN)/pytest -q
+
+bench-cpu: $(STAMP)
+	$(BIN)/python benchmarks/scheduler_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,29 @@
+# One `fleetlm` command; each subcommand lives in its own module and registers itself here.
+# Modules are imported lazily so `fleetlm --help` and light subcommands never load torch.
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand → module exposing `register(subparsers)`; the registered parser sets `func`.
+SUBCOMMANDS = {
+    "generate": "fleetlm.generate_cmd",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetlm", description="Self-hosted LLM serving.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in SUBCOMMANDS.values():
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
