@@ -1,0 +1,64 @@
+# Paged attention for one step's packed batch. The scheduler puts decodes (one query token)
+# first; on CUDA they go to the split-KV decode kernel and the rest to the extend kernel, on the
+# CPU everything goes through the torch reference. The metadata is all a backend needs, so
+# kernels slot in here without the scheduler knowing.
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.paged_prefill_attention import paged_prefill_attention_ref
+from kernels.store_kv import store_kv_ref
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 for padding
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32, keys after this step
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    num_decodes: int  # the first num_decodes sequences have exactly one query token
+    max_query_len: int
+    max_seq_len: int
+    # The non-decode tail, re-based so its first query token is row 0.
+    prefill_query_start_loc: torch.Tensor | None = None
+    max_decode_seq_len: int = 0
+    decode_num_splits: int | None = None  # fixed for CUDA-graph capture
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    if not q.is_cuda:
+        store_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+        return paged_prefill_attention_ref(
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+            meta.max_query_len, scale,
+        )  # fmt: skip
+
+    from kernels.paged_decode_attention import paged_decode_attention
+    from kernels.paged_prefill_attention import paged_prefill_attention
+    from kernels.store_kv import store_kv
+
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = torch.empty_like(q)
+    nd = meta.num_decodes
+    num_seqs = meta.seq_lens.shape[0]
+    if nd:
+        paged_decode_attention(
+            q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
+            max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits, out=out[:nd],
+        )  # fmt: skip
+    if nd < num_seqs:
+        paged_prefill_attention(
+            q[nd:], k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
+            meta.prefill_query_start_loc, meta.max_query_len, scale, out=out[nd:],
+        )  # fmt: skip
+    return out

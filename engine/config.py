@@ -1,0 +1,40 @@
+# Engine knobs. The engine never reads the environment: callers pass these explicitly.
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str
+    dtype: str = "auto"  # auto → the checkpoint's dtype on CUDA, float32 on CPU
+    device: str = "auto"  # auto → cuda when available, else cpu
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None → sized from memory (see kv_cache.py)
+    gpu_memory_utilization: float = 0.90
+    cpu_kv_cache_bytes: int = 512 * 2**20
+    max_model_len: int | None = None  # None → the model's max_position_embeddings (capped below)
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    enable_prefix_caching: bool = True
+    max_preemptions: int = 8
+    seed: int = 0  # dummy-weight initialisation and unseeded sampling
+    use_cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be positive")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be positive")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be positive")
+        if self.max_preemptions < 0:
+            raise ValueError("max_preemptions must be >= 0")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):
+            raise ValueError(f"unsupported dtype {self.dtype!r}")

@@ -1,0 +1,49 @@
+# The paged KV pool: how many blocks fit, and the one tensor that holds them all.
+#   kv_caches: [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
+from __future__ import annotations
+
+import torch
+
+from engine.config import EngineConfig
+from engine.models.config import ModelConfig
+
+
+def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return model.kv_bytes_per_token(element) * block_size
+
+
+def num_blocks_from_budget(
+    config: EngineConfig,
+    model: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    activation_peak_bytes: int = 0,
+) -> int:
+    """Explicit `num_kv_blocks`, else a memory budget: on CUDA the configured fraction of the
+    card minus everything already in use (weights, other processes) and the measured activation
+    peak of a full-budget step; on the CPU a fixed byte budget."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = bytes_per_block(model, config.block_size, dtype)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = int(total * config.gpu_memory_utilization) - (total - free) - activation_peak_bytes
+    else:
+        budget = config.cpu_kv_cache_bytes
+    num_blocks = budget // per_block
+    if num_blocks < 1:
+        raise RuntimeError(
+            f"no memory left for the KV cache: budget {budget / 2**30:.2f} GiB, "
+            f"{per_block / 2**20:.2f} MiB per block; lower max_num_batched_tokens or raise "
+            "gpu_memory_utilization"
+        )
+    return int(num_blocks)
+
+
+def allocate_kv_caches(
+    model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    # Zeroed so padding rows of a captured graph never read NaN garbage.
+    return torch.zeros(shape, dtype=dtype, device=device)

@@ -1,0 +1,192 @@
+# The streaming engine the worker drives: add_request / step / abort / stats. Each step
+# schedules, runs one forward pass, samples, detokenizes and returns one delta per request that
+# produced tokens or finished.
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.model_runner import ModelRunner
+from engine.models.config import PRESETS, resolve_model_config
+from engine.outputs import EngineStats, RequestDelta, RequestUsage
+from engine.request import Priority, Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.tokenizer import Tokenizer
+
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32  # bf16 matmuls on the CPU are slow and not what tests compare
+    return _DTYPES.get(checkpoint_dtype, torch.bfloat16)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None = None) -> None:
+        self.config = config
+        self.model_config = resolve_model_config(config.model)
+        checkpoint = None if str(config.model) in PRESETS else Path(config.model)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.model_config.dtype, self.device)
+        self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.for_model(config.model)
+        eos = tuple(
+            dict.fromkeys(self.model_config.eos_token_ids + tuple(self.tokenizer.eos_token_ids))
+        )
+        self.eos_token_ids = eos
+
+        rope_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.runner = ModelRunner(
+            config, self.model_config, self.device, self.dtype, rope_len, checkpoint
+        )
+        self.runner.eos_token_ids = eos
+        num_blocks = self.runner.num_blocks
+        # Without an explicit limit, a request must fit the pool on its own.
+        self.max_model_len = config.max_model_len or min(
+            self.model_config.max_position_embeddings, num_blocks * config.block_size
+        )
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_preemptions=config.max_preemptions,
+            eos_token_ids=eos,
+        )
+        self._pending: list[RequestDelta] = []  # aborted since the last step
+        self.last_schedule_s = 0.0
+
+    # -- requests ------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        priority: Priority | str = Priority.INTERACTIVE,
+        arrival_time: float | None = None,
+        cache_salt: object = None,
+    ) -> None:
+        params = params or SamplingParams()
+        prompt = list(prompt_token_ids)
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens; the model's context is {self.max_model_len}"
+            )
+        room = self.max_model_len - len(prompt)
+        max_tokens = room if params.max_tokens is None else params.max_tokens
+        if max_tokens > room:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
+                f"model's context of {self.max_model_len} tokens"
+            )
+        request = Request(
+            request_id,
+            prompt,
+            params,
+            Priority.parse(priority),
+            max_tokens,
+            arrival_time,
+            cache_salt,
+        )
+        request.detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            prompt,
+            stop=params.stop,
+            skip_special_tokens=params.skip_special_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        self.scheduler.add_request(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Frees the request's KV blocks now; its final delta comes with the next step."""
+        request = self.scheduler.abort(request_id)
+        if request is None:
+            return False
+        self._pending.append(self._delta(request, [], request.detokenizer.flush()))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    # -- the step ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestDelta]:
+        deltas, self._pending = self._pending, []
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        self.last_schedule_s = time.perf_counter() - t0
+        sampled = self.runner.execute(out) if not out.is_empty else []
+        for request in self.scheduler.update_from_output(out, sampled):
+            token = request.token_ids[-1]
+            text = request.detokenizer.update([token])
+            if request.detokenizer.stop_reason is not None:
+                if request.is_finished:  # length or EOS on the very token that completed it
+                    request.finish_reason = "stop"
+                else:
+                    self.scheduler.finish(request, "stop")
+            elif request.is_finished:
+                text += request.detokenizer.flush()
+            deltas.append(self._delta(request, [token], text))
+        for request in out.failed:
+            deltas.append(self._delta(request, [], request.detokenizer.flush()))
+        return deltas
+
+    def _delta(self, request: Request, new_ids: list[int], text: str) -> RequestDelta:
+        return RequestDelta(
+            request_id=request.request_id,
+            new_token_ids=new_ids,
+            new_text=text,
+            finished=request.is_finished,
+            finish_reason=request.finish_reason,
+            error=request.error,
+            usage=RequestUsage(
+                prompt_tokens=request.num_prompt_tokens,
+                cached_tokens=request.num_cached_tokens,
+                completion_tokens=request.num_output_tokens,
+                preemptions=request.num_preemptions,
+            ),
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            finish_time=request.finish_time,
+        )
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=self.scheduler.num_waiting,
+            num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks,
+            kv_cache_usage=bm.usage,
+            prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+        )

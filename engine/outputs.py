@@ -1,0 +1,66 @@
+# What the engine hands back: per-step deltas for streaming, whole outputs for offline use.
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestUsage:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    preemptions: int
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" once finished
+    error: str | None
+    usage: RequestUsage
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    def apply(self, delta: RequestDelta) -> None:
+        self.token_ids.extend(delta.new_token_ids)
+        self.text += delta.new_text
+        self.num_cached_tokens = delta.usage.cached_tokens
+        self.num_preemptions = delta.usage.preemptions
+        self.first_token_time = delta.first_token_time
+        if delta.finished:
+            self.finish_reason = delta.finish_reason
+            self.error = delta.error
+            self.finish_time = delta.finish_time
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int

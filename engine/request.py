@@ -1,0 +1,117 @@
+# One generation request as the scheduler sees it: its tokens, how many of them have KV in
+# the cache, its block table and its lifecycle.
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+
+class Priority(enum.IntEnum):
+    # Lower value = served first. Interactive traffic is admitted before batch traffic and
+    # batch requests are the first victims under KV pressure.
+    INTERACTIVE = 0
+    BATCH = 1
+
+    @classmethod
+    def parse(cls, value: Priority | str | int) -> Priority:
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                raise ValueError(
+                    f"priority must be 'interactive' or 'batch', got {value!r}"
+                ) from None
+        return cls(value)
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    __slots__ = (
+        "admitted_seq",
+        "arrival_time",
+        "block_hashes",
+        "block_ids",
+        "cache_salt",
+        "detokenizer",
+        "error",
+        "finish_reason",
+        "finish_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "generator",
+        "max_tokens",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "num_registered_blocks",
+        "params",
+        "priority",
+        "request_id",
+        "status",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: Priority,
+        max_tokens: int,
+        arrival_time: float | None = None,
+        cache_salt: Any = None,
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt followed by output
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        self.max_tokens = max_tokens  # resolved: never None
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.cache_salt = cache_salt  # extra key mixed into the first block's hash (tenant)
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
+        self.num_preemptions = 0
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # hash of each full block of token_ids, in order
+        self.num_registered_blocks = 0  # leading blocks already published to the prefix cache
+        self.admitted_seq = -1  # order of the latest admission; larger = more recent
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.generator: Any = None  # torch.Generator for seeded sampling, made by the runner
+        self.detokenizer: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})"
+        )

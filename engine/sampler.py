@@ -1,0 +1,96 @@
+# Batched sampling on the logits' device: greedy, temperature, top-k, top-p, per-request seeds,
+# min_tokens masking. One tensor of token ids comes out; the caller does the single
+# device-to-host copy per step.
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Request
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    temperature: torch.Tensor  # [num_rows] float32, 0 for greedy rows
+    top_k: torch.Tensor  # [num_rows] int64, vocab size when disabled
+    top_p: torch.Tensor  # [num_rows] float32
+    all_greedy: bool
+    needs_top_k: bool
+    needs_top_p: bool
+    generators: list[torch.Generator | None]  # per row; None → the shared generator
+    # (row, token) pairs to mask to -inf (EOS and stop ids before min_tokens is reached)
+    banned_rows: list[int]
+    banned_tokens: list[int]
+
+    @classmethod
+    def from_requests(
+        cls,
+        requests: list[Request],
+        vocab_size: int,
+        device: torch.device,
+        eos_ids: tuple[int, ...],
+    ) -> SamplingBatch:
+        temps, top_ks, top_ps, gens = [], [], [], []
+        banned_rows: list[int] = []
+        banned_tokens: list[int] = []
+        for row, r in enumerate(requests):
+            p = r.params
+            greedy = p.greedy
+            temps.append(0.0 if greedy else p.temperature)
+            top_ks.append(p.top_k if p.top_k > 0 else vocab_size)
+            top_ps.append(p.top_p)
+            gens.append(None if greedy else r.generator)
+            if r.num_output_tokens < p.min_tokens:
+                ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
+                ids = [t for t in ids if 0 <= t < vocab_size]
+                banned_rows += [row] * len(ids)
+                banned_tokens += ids
+        return cls(
+            temperature=torch.tensor(temps, dtype=torch.float32).to(device, non_blocking=True),
+            top_k=torch.tensor(top_ks, dtype=torch.int64).to(device, non_blocking=True),
+            top_p=torch.tensor(top_ps, dtype=torch.float32).to(device, non_blocking=True),
+            all_greedy=all(t == 0.0 for t in temps),
+            needs_top_k=any(k < vocab_size for k in top_ks),
+            needs_top_p=any(p < 1.0 for p in top_ps),
+            generators=gens,
+            banned_rows=banned_rows,
+            banned_tokens=banned_tokens,
+        )
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """logits: [num_rows, vocab] float32 → token ids [num_rows] int64."""
+    if batch.banned_rows:
+        logits[batch.banned_rows, batch.banned_tokens] = float("-inf")
+    greedy_tokens = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        return greedy_tokens
+    temps = batch.temperature
+    scaled = logits / torch.where(temps > 0, temps, 1.0).unsqueeze(1)
+    if batch.needs_top_k or batch.needs_top_p:
+        scaled = _mask_top_k_top_p(scaled, batch)
+    probs = torch.softmax(scaled, dim=-1)
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Each seeded row draws its
+    # noise from its own generator, so its tokens do not depend on the rest of the batch.
+    noise = torch.empty_like(probs).exponential_()
+    for row, gen in enumerate(batch.generators):
+        if gen is not None:
+            noise[row].exponential_(generator=gen)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(temps > 0, sampled, greedy_tokens)
+
+
+def _mask_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    drop = ranks >= batch.top_k.unsqueeze(1)
+    if batch.needs_top_p:
+        probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
+        # strictly before it already reaches top_p (the top token always survives).
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop |= mass_before >= batch.top_p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

@@ -1,0 +1,248 @@
+# Token-budget scheduler (vLLM-v1 style): every step has one budget of tokens shared by decodes
+# and prefill chunks. Each running request asks for the tokens it needs to catch up with its
+# own token list (1 for a decode, a chunk for a prefill); waiting requests are admitted while
+# budget, sequence slots and KV blocks remain.
+#
+# Priority: interactive before batch, in admission and in memory. Under KV pressure the victim
+# is the lowest-class, most recently admitted running request; an arriving interactive request
+# may preempt running batch requests. Preemption is by recompute: the victim's blocks are freed
+# (their hashes stay in the prefix cache, so re-admission usually re-hits them) and it goes back
+# to the front of its class's queue. Nothing is silently truncated: a request preempted more
+# than `max_preemptions` times, or one that can never fit, finishes with reason "error".
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.request import Priority, Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    # Decodes (one new token) come first, so kernels can take the first `num_decodes` rows
+    # as a pure decode batch.
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_decodes: int = 0
+    failed: list[Request] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_preemptions: int,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_preemptions = max_preemptions
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: dict[Priority, deque[Request]] = {p: deque() for p in Priority}
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.num_preemptions = 0
+        self._admissions = 0
+
+    # -- queue management ----------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        self.requests[request.request_id] = request
+        self.waiting[request.priority].append(request)
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(q) for q in self.waiting.values())
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def finish(self, request: Request, reason: str, error: str | None = None) -> None:
+        if request.is_finished:
+            return
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting[request.priority].remove(request)
+        self.block_manager.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.error = error
+        request.finish_time = time.time()
+        del self.requests[request.request_id]
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.finish(request, "abort")
+        return request
+
+    # -- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: dict[Request, int] = {}
+
+        self.running.sort(key=lambda r: (r.priority, r.admitted_seq))
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.block_manager.allocate_slots(request, num_new):
+                if len(self.running) == 1:
+                    self._fail_unfittable(request, out)
+                    break
+                victim = max(self.running, key=lambda r: (r.priority, r.admitted_seq))
+                budget += scheduled.pop(victim, 0)
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            else:
+                scheduled[request] = num_new
+                budget -= num_new
+                i += 1
+
+        if out.num_preempted == 0:
+            budget = self._admit_waiting(budget, scheduled, out)
+
+        # Decodes first; dict order keeps the priority order within each group.
+        items = sorted(scheduled.items(), key=lambda kv: kv[1] != 1)
+        out.requests = [r for r, _ in items]
+        out.num_new_tokens = [n for _, n in items]
+        out.num_decodes = sum(1 for _, n in items if n == 1)
+        now = time.time()
+        for request in out.requests:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        return out
+
+    def _admit_waiting(
+        self, budget: int, scheduled: dict[Request, int], out: SchedulerOutput
+    ) -> int:
+        bm = self.block_manager
+        for priority in Priority:
+            queue = self.waiting[priority]
+            while queue and budget > 0 and len(self.running) < self.max_num_seqs:
+                request = queue[0]
+                if bm.num_blocks_for(request.num_tokens + 1) > bm.num_blocks:
+                    self._fail_unfittable(request, out)  # leaves the queue in finish()
+                    continue
+                hits = bm.find_cached_prefix(request)
+                num_computed = len(hits) * bm.block_size
+                num_new = min(request.num_tokens - num_computed, budget)
+                while not bm.allocate_slots(request, num_new, hits):
+                    if priority is not Priority.INTERACTIVE or not self._preempt_batch(
+                        scheduled, out
+                    ):
+                        # Head of line blocks: a batch request must not take the memory an
+                        # interactive one is waiting for, nor jump its own queue.
+                        return budget
+                    budget = self.max_num_batched_tokens - sum(scheduled.values())
+                    num_new = min(request.num_tokens - num_computed, budget)
+                queue.popleft()
+                bm.prefix_cache_queries += request.num_tokens
+                bm.prefix_cache_hits += num_computed
+                request.num_computed_tokens = num_computed
+                if request.num_preemptions == 0:
+                    request.num_cached_tokens = num_computed
+                request.status = RequestStatus.RUNNING
+                request.admitted_seq = self._admissions
+                self._admissions += 1
+                self.running.append(request)
+                scheduled[request] = num_new
+                budget -= num_new
+            if out.num_preempted:
+                break  # batch requests just preempted must not be re-admitted this step
+        return budget
+
+    def _preempt_batch(self, scheduled: dict[Request, int], out: SchedulerOutput) -> bool:
+        batch = [r for r in self.running if r.priority is Priority.BATCH]
+        if not batch:
+            return False
+        victim = max(batch, key=lambda r: r.admitted_seq)
+        scheduled.pop(victim, None)
+        self._preempt(victim, out)
+        return True
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        out.num_preempted += 1
+        self.num_preemptions += 1
+        request.num_preemptions += 1
+        if request.num_preemptions > self.max_preemptions:
+            self.finish(
+                request,
+                "error",
+                f"preempted {request.num_preemptions} times for lack of KV cache memory "
+                f"(limit {self.max_preemptions}); failing instead of truncating",
+            )
+            out.failed.append(request)
+            return
+        self.running.remove(request)
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        self.waiting[request.priority].appendleft(request)
+
+    def _fail_unfittable(self, request: Request, out: SchedulerOutput) -> None:
+        bm = self.block_manager
+        self.finish(
+            request,
+            "error",
+            f"request needs {bm.num_blocks_for(request.num_tokens + 1)} KV blocks of "
+            f"{bm.block_size} tokens but the whole pool holds {bm.num_blocks}",
+        )
+        out.failed.append(request)
+
+    # -- after the forward pass ----------------------------------------------------------
+
+    def update_from_output(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
+        """Advance computed counts and append sampled tokens (one per request whose scheduled
+        tokens reached the end of its token list). Returns requests that got a new token."""
+        advanced: list[Request] = []
+        k = 0
+        now = time.time()
+        for request, num_new in zip(out.requests, out.num_new_tokens):
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens == request.num_tokens:
+                token = sampled[k]
+                k += 1
+                request.token_ids.append(token)
+                if request.first_token_time is None:
+                    request.first_token_time = now
+                advanced.append(request)
+                reason = self._stop_reason(request, token)
+                if reason is not None:
+                    self.finish(request, reason)
+                    continue
+            self.block_manager.cache_full_blocks(request)
+        return advanced
+
+    def _stop_reason(self, request: Request, token: int) -> str | None:
+        params = request.params
+        num_out = request.num_output_tokens
+        if num_out >= params.min_tokens:
+            if not params.ignore_eos and token in self.eos_token_ids:
+                return "stop"
+            if token in params.stop_token_ids:
+                return "stop"
+        if num_out >= request.max_tokens:
+            return "length"
+        return None
