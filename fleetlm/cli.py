@@ -9,6 +9,7 @@ import sys
 # subcommand → module exposing `register(subparsers)`; the registered parser sets `func`.
 SUBCOMMANDS = {
     "generate": "fleetlm.generate_cmd",
+    "plan": "fleetlm.plan_cmd",
 }
 
 

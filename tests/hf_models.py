@@ -10,6 +10,7 @@ import torch
 from tests.tokenizer_fixture import write_test_tokenizer
 
 VOCAB = 512
+BOS_ID, EOS_ID = 508, 509  # where the fixture tokenizer puts its special tokens
 
 FAMILIES = {
     "llama": dict(
@@ -50,9 +51,9 @@ def build_hf_model(directory: Path, family: str, seed: int = 0):
         # Wider weights than HF's default spread the logits, so greedy argmax ties (where
         # float rounding could pick either token) are vanishingly rare.
         initializer_range=0.15,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
         tie_word_embeddings=spec.pop("tie_word_embeddings", False),
         **spec,
     )
@@ -73,6 +74,6 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         max_new_tokens=max_new_tokens,
         do_sample=False,
         eos_token_id=None,
-        pad_token_id=1,
+        pad_token_id=EOS_ID,
     )
     return out[0, len(prompt_ids) :].tolist()

@@ -1,0 +1,148 @@
+# Streaming detokenization with stop strings. Imports no torch.
+#
+# Each step decodes a small window of tokens: ids[prefix:] against ids[prefix:read], where
+# `read` is the last token boundary at which everything has been committed and `prefix` the one
+# before it. The window's first tokens are left context, so leading spaces and byte merges come
+# out as they do when the whole sequence is decoded at once.
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+_FFFD = "\ufffd"
+_PROMPT_CONTEXT = 5  # prompt tokens kept as left context for the first output tokens
+_HELD_TOKENS = 4  # tokens held behind a trailing U+FFFD before looking for a clean split
+_SILENT_TOKENS = 16  # tokens that decode to nothing (skipped specials) before the window moves on
+_TRIM_AT = 4096
+
+
+class _Decoder(Protocol):
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: _Decoder,
+        prompt_token_ids: Sequence[int],
+        *,
+        stop: Sequence[str] = (),
+        skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
+        self._stops = tuple(dict.fromkeys(s for s in stop if s))
+        self._include_stop = include_stop_str_in_output
+        max_len = max(map(len, self._stops), default=0)
+        self._max_held_chars = max(max_len - 1, 0)
+        self._stop_prefixes = frozenset(s[:i] for s in self._stops for i in range(1, len(s)))
+
+        context = list(prompt_token_ids[-_PROMPT_CONTEXT:]) if prompt_token_ids else []
+        context_text = self._decode(context)
+        if context_text.endswith(_FFFD):
+            # The prompt may end inside a character; output must not complete it.
+            context, context_text = [], ""
+        self._ids = context
+        self._prefix = 0
+        self._read = len(context)
+        self._prefix_len = len(context_text)
+        self._held = ""  # decoded text not yet released: it may be the start of a stop string
+        self._chunks: list[str] = []
+        self._done = False
+        self.stop_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        if len(self._chunks) > 1:
+            self._chunks = ["".join(self._chunks)]
+        return self._chunks[0] if self._chunks else ""
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def update(self, new_token_ids: Sequence[int]) -> str:
+        if self._done or not new_token_ids:
+            return ""
+        self._ids.extend(new_token_ids)
+        return self._release(self._advance(), final=False)
+
+    def flush(self) -> str:
+        if self._done:
+            return ""
+        tail = self._decode(self._ids[self._prefix :])[self._prefix_len :]
+        out = self._release(tail, final=True)
+        self._done = True
+        return out
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special) if ids else ""
+
+    def _advance(self) -> str:
+        ids = self._ids
+        text = self._decode(ids[self._prefix :])
+        if not text.endswith(_FFFD):
+            if len(text) > self._prefix_len or len(ids) - self._read > _SILENT_TOKENS:
+                return self._commit(len(ids), text)
+            return ""
+        if len(ids) - self._read <= _HELD_TOKENS:
+            return ""
+        # A U+FFFD that outlives several tokens is most likely an invalid byte rather than a
+        # character still being assembled (a random-weight model can repeat 0xFF forever).
+        # Commit up to the last token boundary that splits the text cleanly: decoding both
+        # sides separately gives the same text, so later tokens cannot change the left side.
+        for j in range(len(ids) - 1, self._read, -1):
+            head = self._decode(ids[self._prefix : j])
+            tail = self._decode(ids[j:])
+            if tail and head + tail == text:
+                return self._commit(j, head)
+        return ""
+
+    def _commit(self, end: int, text: str) -> str:
+        new_text = text[self._prefix_len :]
+        self._prefix, self._read = self._read, end
+        self._prefix_len = len(self._decode(self._ids[self._prefix : end]))
+        if self._prefix >= _TRIM_AT:
+            del self._ids[: self._prefix]
+            self._read -= self._prefix
+            self._prefix = 0
+        return new_text
+
+    def _release(self, new_text: str, *, final: bool) -> str:
+        if not self._stops:
+            out = new_text
+        else:
+            # Stops can only start inside the held text or the new text: anything released
+            # earlier was not a prefix of any stop string.
+            buf = self._held + new_text
+            hit = self._find_stop(buf)
+            if hit is not None:
+                start, stop = hit
+                self.stop_reason = stop
+                self._done = True
+                out = buf[: start + len(stop)] if self._include_stop else buf[:start]
+                self._held = ""
+            else:
+                keep = 0 if final else self._partial_stop_len(buf)
+                out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
+        if out:
+            self._chunks.append(out)
+        return out
+
+    def _find_stop(self, buf: str) -> tuple[int, str] | None:
+        # The stop that completes first wins, as if the text had arrived one character at a
+        # time; on a tie, the longer one. The answer then does not depend on how text was split
+        # into tokens.
+        best: tuple[int, int, str] | None = None
+        for stop in self._stops:
+            start = buf.find(stop)
+            if start >= 0 and (best is None or (start + len(stop), start) < best[:2]):
+                best = (start + len(stop), start, stop)
+        return None if best is None else (best[1], best[2])
+
+    def _partial_stop_len(self, buf: str) -> int:
+        for k in range(min(len(buf), self._max_held_chars), 0, -1):
+            if buf[-k:] in self._stop_prefixes:
+                return k
+        return 0

@@ -1,0 +1,227 @@
+# Rendering a Plan: a table a person reads, or JSON a script reads. The JSON carries every
+# number in base SI units (bytes, seconds, FLOP/s); the table rounds and says how it got there.
+from __future__ import annotations
+
+import json
+import math
+
+from fleetlm.capacity.deployment import dtype_bytes
+from fleetlm.capacity.plan import Plan
+from fleetlm.capacity.roofline import Floor
+
+Row = tuple[str, str, str]
+
+
+def plan_json(plan: Plan) -> str:
+    def finite(x: object) -> object:
+        # JSON has no Infinity; an infeasible serving point reports null instead.
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [finite(v) for v in x]
+        return x
+
+    return json.dumps(finite(plan.to_dict()), indent=2)
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB"
+
+
+def secs(s: float) -> str:
+    if not math.isfinite(s):
+        return "n/a"
+    value, unit = (s, "s") if s >= 1 else (s * 1e3, "ms") if s >= 1e-3 else (s * 1e6, "µs")
+    # About three significant figures: 5.25 ms, 20.5 ms, 800 ms.
+    digits = 0 if value >= 100 else 1 if value >= 10 else 2
+    return f"{value:,.{digits}f} {unit}"
+
+
+def flop(n: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} FLOP"
+
+
+def _intensity(f: Floor) -> str:
+    return f"{f.arithmetic_intensity:,.0f} FLOP/B"
+
+
+def _bound_note(f: Floor) -> str:
+    if f.bound != "mixed":
+        return f"{f.bound}-bound"
+    return f"linear layers {f.linear_bound}-bound, attention {f.attention_bound}-bound"
+
+
+def _phases(f: Floor) -> str:
+    return (
+        f"linear {secs(f.linear_s)} ({f.linear_bound}), "
+        f"attention {secs(f.attention_s)} ({f.attention_bound})"
+    )
+
+
+def _sections(plan: Plan) -> list[tuple[str, list[Row]]]:
+    dep, m, mem, wl = plan.deployment, plan.deployment.model, plan.memory, plan.workload
+    params = m.num_params()
+    wbytes, kvb = dtype_bytes(dep.weights_dtype), dtype_bytes(dep.kv_dtype)
+    kv_note = (
+        f"{m.num_layers} layers x {m.num_kv_heads} KV heads x {m.head_dim} x 2 (K,V) x {kvb} B"
+    )
+    if mem.kv_replication > 1:
+        kv_note += f", stored {mem.kv_replication}x (more GPUs than KV heads)"
+    memory = [
+        ("GPU memory", gb(mem.total_bytes), f"{dep.num_gpus} x {gb(dep.gpu.memory_bytes)}"),
+        (
+            f"weights ({dep.weights_dtype})",
+            gb(mem.weight_bytes),
+            f"{params / 1e9:.2f} B params x {wbytes} B; {gb(mem.weight_bytes_per_gpu)} per GPU",
+        ),
+        ("reserve", gb(mem.reserve_bytes), plan.reserve.describe()),
+        ("left for KV", gb(mem.kv_pool_bytes), "memory - weights - reserve"),
+        (
+            f"KV per token ({dep.kv_dtype})",
+            f"{mem.kv_bytes_per_token:,} B",
+            f"{mem.kv_bytes_per_token / 1024:,.0f} KiB = {kv_note}",
+        ),
+        ("KV capacity", f"{mem.kv_tokens:,} tokens", "left for KV / KV per token"),
+        (
+            "concurrent conversations",
+            f"{mem.conversations:,}",
+            f"at {mem.mean_context_tokens:,} tokens each "
+            f"({wl.mean_input_tokens:,} in + {wl.mean_output_tokens:,} out)",
+        ),
+        (
+            "  with prefix sharing",
+            f"<= {mem.conversations_prefix_shared:,}",
+            f"{wl.prefix_shared_fraction:.0%} of input tokens shared, stored once",
+        ),
+        (
+            f"longest context ({mem.longest_context_tokens:,})",
+            gb(mem.longest_context_bytes),
+            f"{mem.longest_context_bytes / mem.kv_pool_bytes:.1%} of the KV pool",
+        ),
+    ]
+    d, d1 = plan.decode, plan.decode_single
+    decode = [
+        (
+            "step floor",
+            secs(d.seconds),
+            f"({gb(d.weight_bytes)} weights + {gb(d.kv_bytes)} KV) / "
+            f"{dep.bandwidth_bytes_s / 1e12:.2f} TB/s"
+            if d.bound == "bandwidth"
+            else _phases(d),
+        ),
+        (
+            "TPOT implied",
+            secs(d.seconds),
+            f"{plan.decode_batch / d.seconds:,.0f} tok/s for the batch",
+        ),
+        (
+            "arithmetic intensity",
+            _intensity(d),
+            f"ridge {dep.ridge_flop_per_byte:,.0f} FLOP/B: {_bound_note(d)}",
+        ),
+        ("at batch 1", secs(d1.seconds), f"{_intensity(d1)}; {1 / d1.seconds:,.0f} tok/s alone"),
+    ]
+    if plan.decode_batch * plan.decode_context > mem.kv_tokens:
+        decode.append(("warning", "", "batch x context is more KV than the pool holds"))
+    p = plan.prefill
+    prefill = [
+        (
+            "FLOPs",
+            flop(p.flops),
+            f"2 x {dep.layer_params / 1e9:.1f} B x P + attention 4·L·H·d·P(P+1)/2 "
+            f"({flop(p.attention_flops)})",
+        ),
+        ("floor = TTFT implied", secs(p.seconds), f"{_intensity(p)}: {_bound_note(p)}"),
+    ]
+    if plan.prefill_cached is not None:
+        prefill.append(
+            (
+                f"  with {wl.prefix_shared_fraction:.0%} prefix hit",
+                secs(plan.prefill_cached.seconds),
+                "only the uncached tail is computed",
+            )
+        )
+    s, e = plan.serving, plan.economics
+    if s.feasible:
+        met = "met" if s.output_tok_s >= wl.target_output_tok_s else "missed"
+        share = s.output_tok_s / wl.target_output_tok_s
+        serving = [
+            ("best batch", f"{s.batch:,}", f"limited by {s.limited_by}"),
+            ("TPOT (decode + chunked prefill)", secs(s.tpot_s), _phases(s.step)),
+            ("TTFT floor at that load", secs(s.ttft_s), "one step in flight, then the prompt"),
+            (
+                "output tok/s per replica",
+                f"{s.output_tok_s:,.0f}",
+                f"target {wl.target_output_tok_s:,.0f}: {met} ({share:.0%})",
+            ),
+            (
+                f"replicas for {e.target_output_tok_s:,.0f} tok/s",
+                f"{e.replicas_for_target}",
+                f"{e.replicas_for_target * dep.num_gpus} GPUs at peak",
+            ),
+        ]
+    else:
+        serving = [("best batch", "none", s.limited_by)]
+    pr = e.prices
+    be = e.break_even_utilisation
+    cost = [
+        (
+            "output tokens per GPU-hour",
+            f"{e.output_tokens_per_gpu_hour / 1e6:,.2f} M",
+            "flat out, 100% busy",
+        ),
+        (
+            "cost per 1M output tokens",
+            f"${e.cost_per_m_output:,.3f}" if e.cost_per_m_output is not None else "n/a",
+            f"${pr.gpu_hour:.2f}/GPU-hour at {pr.utilisation:.0%} utilisation; input included",
+        ),
+        (
+            "hosted API, per 1M output",
+            f"${e.api_cost_per_m_output:,.2f}",
+            f"${pr.api_input_per_m:.2f} in / ${pr.api_output_per_m:.2f} out per 1M, "
+            f"{wl.mean_input_tokens / wl.mean_output_tokens:g} input tokens per output (assumed)",
+        ),
+        (
+            "hosted API cheaper below",
+            "n/a" if be is None else ("always" if be > 1 else f"{be:.1%} utilisation"),
+            f"workload needs > {wl.min_utilisation:.0%}",
+        ),
+    ]
+    return [
+        ("MEMORY", memory),
+        (f"DECODE  batch {plan.decode_batch:,}, {plan.decode_context:,}-token context", decode),
+        (f"PREFILL  one {plan.prompt_tokens:,}-token prompt, alone", prefill),
+        (
+            f"SERVING  TTFT < {secs(wl.ttft_target_s)} at {wl.ttft_prompt_tokens:,} tokens, "
+            f"TPOT < {secs(wl.tpot_target_s)}",
+            serving,
+        ),
+        ("COST", cost),
+    ]
+
+
+def plan_table(plan: Plan) -> str:
+    dep, gpu = plan.deployment, plan.deployment.gpu
+    dt = dep.compute_dtype
+    lines = [
+        f"fleetlm plan: {dep.describe()}, workload {plan.workload.name}",
+        f"GPU     {gpu.name}: {gb(gpu.memory_bytes)}, {gpu.bandwidth_bytes_s / 1e12:.2f} TB/s, "
+        f"{gpu.peak_flops(dt) / 1e12:,.0f} TFLOP/s dense {dt}",
+        f"        source: {gpu.source}",
+        f"replica {gb(dep.memory_bytes)}, {dep.bandwidth_bytes_s / 1e12:.2f} TB/s, "
+        f"{dep.peak_flops / 1e15:.2f} PFLOP/s {dt}; ridge point "
+        f"{dep.ridge_flop_per_byte:,.0f} FLOP/byte",
+        "GB = 1e9 bytes, KiB = 1024 bytes. Times are floors (ideal kernels, free all-reduce).",
+    ]
+    sections = _sections(plan)
+    width = max(len(r[0]) for _, rows in sections for r in rows)
+    for title, rows in sections:
+        lines += ["", title]
+        for label, value, note in rows:
+            lines.append(f"  {label:<{width}}  {value:>16}  {note}".rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+# `fleetlm plan`: size a replica for a model and workload. Pure arithmetic; imports no torch.
+# CLI units are the ones people quote (GB, TB/s, TFLOP/s, ms); the Python API uses SI.
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.models.config import PRESETS
+from fleetlm.capacity import (
+    DTYPE_BYTES,
+    GPUS,
+    WORKLOADS,
+    Deployment,
+    Prices,
+    Reserve,
+    get_workload,
+    make_plan,
+    plan_json,
+    plan_table,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="GPU memory, latency floors, throughput and cost for a model on a replica",
+        description="Capacity arithmetic for one tensor-parallel replica. Every latency is a "
+        "lower bound from bytes moved and FLOPs done, not a measurement.",
+    )
+    dtypes = sorted(DTYPE_BYTES)
+    p.add_argument("--model", required=True, help=f"preset ({', '.join(PRESETS)}) or HF dir")
+    p.add_argument("--weights-dtype", choices=dtypes, default="bf16")
+    p.add_argument("--kv-dtype", choices=dtypes, default="bf16")
+    p.add_argument("--gpus", default="1xH100", help=f"COUNTxGPU, GPU one of {', '.join(GPUS)}")
+    p.add_argument("--workload", default="seed", choices=sorted(WORKLOADS))
+    p.add_argument("--json", action="store_true", help="print JSON (SI units) instead of a table")
+
+    hw = p.add_argument_group("measured hardware (per GPU; replaces the datasheet figure)")
+    hw.add_argument("--bandwidth", type=float, metavar="TB/s", help="sustained HBM bandwidth")
+    hw.add_argument("--flops", type=float, metavar="TFLOP/s", help="sustained dense matmul rate")
+    hw.add_argument("--memory", type=float, metavar="GB", help="usable memory")
+
+    res = p.add_argument_group("memory reserve (per GPU)")
+    res.add_argument(
+        "--memory-utilisation",
+        type=float,
+        default=Reserve().memory_utilisation,
+        help="share of each GPU the engine may use (default %(default)s)",
+    )
+    res.add_argument(
+        "--runtime-reserve-gb",
+        type=float,
+        default=Reserve().runtime_bytes_per_gpu / 1e9,
+        help="CUDA context, NCCL, graphs, activations (default %(default)s)",
+    )
+
+    at = p.add_argument_group("where to evaluate the floors")
+    at.add_argument("--batch", type=int, help="decode batch (default: what the KV pool holds)")
+    at.add_argument("--context", type=int, help="decode context (default: workload mean)")
+    at.add_argument("--prompt-tokens", type=int, help="prefill prompt (default: TTFT target's)")
+
+    slo = p.add_argument_group("targets (default: the workload's)")
+    slo.add_argument("--ttft-ms", type=float)
+    slo.add_argument("--tpot-ms", type=float)
+    slo.add_argument("--target-tok-s", type=float, help="output tok/s the fleet must serve")
+
+    money = p.add_argument_group("cost")
+    money.add_argument("--price-per-gpu-hour", type=float, default=Prices().gpu_hour)
+    money.add_argument(
+        "--utilisation",
+        type=float,
+        default=Prices().utilisation,
+        help="share of paid GPU-hours busy (default %(default)s)",
+    )
+    money.add_argument(
+        "--api-price-in",
+        type=float,
+        default=Prices().api_input_per_m,
+        metavar="$/1M",
+        help="hosted API input price to compare against",
+    )
+    money.add_argument(
+        "--api-price-out",
+        type=float,
+        default=Prices().api_output_per_m,
+        metavar="$/1M",
+        help="hosted API output price to compare against",
+    )
+    p.set_defaults(func=run)
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        dep = Deployment.create(
+            args.model,
+            args.gpus,
+            weights_dtype=args.weights_dtype,
+            kv_dtype=args.kv_dtype,
+            bandwidth_bytes_s=_scaled(args.bandwidth, 1e12),
+            flops=_scaled(args.flops, 1e12),
+            memory_bytes=_scaled(args.memory, 1e9),
+        )
+        workload = get_workload(args.workload).with_overrides(
+            ttft_target_s=_scaled(args.ttft_ms, 1e-3),
+            tpot_target_s=_scaled(args.tpot_ms, 1e-3),
+        )
+        plan = make_plan(
+            dep,
+            workload,
+            reserve=Reserve(args.memory_utilisation, args.runtime_reserve_gb * 1e9),
+            prices=Prices(
+                args.price_per_gpu_hour, args.utilisation, args.api_price_in, args.api_price_out
+            ),
+            batch=args.batch,
+            context=args.context,
+            prompt_tokens=args.prompt_tokens,
+            target_output_tok_s=args.target_tok_s,
+        )
+    except ValueError as e:
+        print(f"fleetlm plan: error: {e}", file=sys.stderr)
+        return 2
+    print(plan_json(plan) if args.json else plan_table(plan))
+    return 0

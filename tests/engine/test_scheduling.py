@@ -1,0 +1,144 @@
+# Scheduler behaviour through the real engine on the `tiny` preset (random weights, CPU).
+import pytest
+
+from engine import LLMEngine, SamplingParams
+from engine.config import EngineConfig
+
+LONG = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+
+
+def _engine(**options) -> LLMEngine:
+    options.setdefault("num_kv_blocks", 64)
+    return LLMEngine(EngineConfig(model="tiny", device="cpu", **options))
+
+
+def _running_ids(engine: LLMEngine) -> set[str]:
+    return {r.request_id for r in engine.scheduler.running}
+
+
+def _drain(engine: LLMEngine, limit: int = 10_000) -> dict:
+    finished = {}
+    for _ in range(limit):
+        if not engine.has_unfinished():
+            return finished
+        for d in engine.step():
+            if d.finished:
+                assert d.request_id not in finished, "a request finished twice"
+                finished[d.request_id] = d
+    raise AssertionError("engine did not drain")
+
+
+def test_interactive_is_admitted_before_batch():
+    engine = _engine(max_num_seqs=1)
+    engine.add_request("batch-1", list(range(10)), LONG, "batch")
+    engine.add_request("chat-1", list(range(10)), LONG, "interactive")
+    engine.step()
+    assert _running_ids(engine) == {"chat-1"}
+
+
+def test_arriving_interactive_preempts_running_batch():
+    # 8 blocks × 16 tokens: two batch requests of 60 tokens hold all of them.
+    engine = _engine(num_kv_blocks=8, max_preemptions=10)
+    engine.add_request("batch-old", list(range(60)), LONG, "batch")
+    engine.add_request("batch-new", list(range(100, 160)), LONG, "batch")
+    engine.step()
+    assert _running_ids(engine) == {"batch-old", "batch-new"}
+    engine.add_request("chat", list(range(200, 250)), LONG, "interactive")
+    engine.step()
+    running = _running_ids(engine)
+    assert "chat" in running
+    # The most recently admitted batch request is the victim.
+    assert "batch-new" not in running and "batch-old" in running
+    assert engine.scheduler.requests["batch-new"].num_preemptions == 1
+    done = _drain(engine)
+    assert {d.finish_reason for d in done.values()} == {"length"}
+    assert engine.stats().num_free_blocks == 8
+
+
+def test_victim_under_pressure_is_lowest_class_most_recent():
+    engine = _engine(num_kv_blocks=9, max_preemptions=10)
+    engine.add_request("chat-a", list(range(40)), LONG, "interactive")
+    engine.add_request("batch-a", list(range(40, 80)), LONG, "batch")
+    engine.add_request("chat-b", list(range(80, 120)), LONG, "interactive")
+    engine.step()
+    assert _running_ids(engine) == {"chat-a", "batch-a", "chat-b"}
+    # Decoding grows every request until the pool runs dry; the batch request goes first.
+    while engine.stats().num_preemptions == 0:
+        engine.step()
+    assert engine.scheduler.requests["batch-a"].num_preemptions == 1
+    assert engine.scheduler.requests["chat-a"].num_preemptions == 0
+    assert engine.scheduler.requests["chat-b"].num_preemptions == 0
+    _drain(engine)
+
+
+def test_prompt_larger_than_pool_fails_explicitly():
+    engine = _engine(num_kv_blocks=4, max_model_len=1000)
+    engine.add_request("huge", list(range(100)), LONG)
+    done = _drain(engine)
+    assert done["huge"].finish_reason == "error"
+    assert "KV blocks" in done["huge"].error and "pool holds 4" in done["huge"].error
+    assert engine.stats().num_free_blocks == 4
+
+
+def test_preempted_past_the_limit_fails_explicitly():
+    engine = _engine(num_kv_blocks=6, max_preemptions=0)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    engine.add_request("a", list(range(40)), params)  # 80 tokens = 5 blocks: fits alone
+    engine.add_request("b", list(range(40, 80)), params)
+    done = _drain(engine)
+    reasons = sorted(d.finish_reason for d in done.values())
+    assert reasons == ["error", "length"]
+    failed = next(d for d in done.values() if d.finish_reason == "error")
+    assert "preempted 1 times" in failed.error
+    assert engine.stats().num_free_blocks == 6
+
+
+def test_abort_frees_blocks_before_the_next_forward():
+    engine = _engine()
+    engine.add_request("keep", list(range(30)), LONG)
+    engine.add_request("drop", list(range(30, 90)), LONG)
+    engine.step()
+    engine.step()
+    held = len(engine.scheduler.requests["drop"].block_ids)
+    free_before = engine.stats().num_free_blocks
+    assert engine.abort("drop")
+    assert engine.stats().num_free_blocks == free_before + held
+    deltas = engine.step()
+    aborted = [d for d in deltas if d.request_id == "drop"]
+    assert len(aborted) == 1 and aborted[0].finished and aborted[0].finish_reason == "abort"
+    assert aborted[0].usage.completion_tokens == 2
+    assert not engine.abort("drop")  # already gone
+    _drain(engine)
+    assert engine.stats().num_free_blocks == 64
+
+
+def test_no_block_leaks_after_mixed_endings():
+    engine = _engine(num_kv_blocks=20, max_preemptions=50, max_num_batched_tokens=40)
+    for i in range(12):
+        params = SamplingParams(temperature=0.8, seed=i, max_tokens=5 + 7 * i, ignore_eos=True)
+        engine.add_request(
+            f"r{i}", list(range(i, i + 17 * (i % 5 + 1))), params, ["interactive", "batch"][i % 2]
+        )
+    early = {d.request_id for _ in range(5) for d in engine.step() if d.finished}
+    engine.abort("r3")
+    engine.abort("r8")
+    done = _drain(engine)
+    assert early.isdisjoint(done) and len(early) + len(done) == 12
+    assert done["r3"].finish_reason == done["r8"].finish_reason == "abort"
+    assert engine.stats().num_free_blocks == 20
+    assert all(b.ref_count == 0 for b in engine.block_manager.blocks)
+
+
+def test_context_limits_are_checked_at_admission():
+    engine = _engine(max_model_len=64)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        engine.add_request("x", list(range(60)), SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError, match="prompt has 64 tokens"):
+        engine.add_request("y", list(range(64)), SamplingParams())
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("z", [], SamplingParams())
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request("w", [10_000], SamplingParams())
+    engine.add_request("ok", list(range(10)), SamplingParams(max_tokens=None, ignore_eos=True))
+    done = _drain(engine)
+    assert done["ok"].usage.completion_tokens == 54 and done["ok"].finish_reason == "length"
