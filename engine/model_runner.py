@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.batch_builder import BatchBuilder
 from engine.config import EngineConfig
 from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget
 from engine.models.config import ModelConfig
@@ -26,15 +27,6 @@ class StepTiming:
     forward_s: float = 0.0
     sample_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class PreparedBatch:
-    input_ids: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampling_rows] rows of the hidden states to sample
-    sampling_requests: list[Request]
 
 
 class ModelRunner:
@@ -64,76 +56,14 @@ class ModelRunner:
         )
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
-        self._pin = device.type == "cuda"
-
-    # -- inputs --------------------------------------------------------------------------
-
-    def prepare(self, out: SchedulerOutput) -> PreparedBatch:
-        bs = self.block_size
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seq_lens: list[int] = []
-        query_start = [0]
-        logits_indices: list[int] = []
-        sampling: list[Request] = []
-        max_blocks = 0
-        for request, n in zip(out.requests, out.num_new_tokens):
-            start = request.num_computed_tokens
-            end = start + n
-            ids = request.block_ids
-            if n == 1:
-                tokens.append(request.token_ids[start])
-                positions.append(start)
-                slots.append(ids[start // bs] * bs + start % bs)
-            else:
-                tokens.extend(request.token_ids[start:end])
-                pos = np.arange(start, end)
-                positions.extend(pos.tolist())
-                slots.extend((np.asarray(ids)[pos // bs] * bs + pos % bs).tolist())
-            seq_lens.append(end)
-            query_start.append(query_start[-1] + n)
-            max_blocks = max(max_blocks, len(ids))
-            if end == request.num_tokens:
-                logits_indices.append(query_start[-1] - 1)
-                sampling.append(request)
-
-        block_tables = np.zeros((len(out.requests), max(max_blocks, 1)), dtype=np.int32)
-        for row, request in enumerate(out.requests):
-            block_tables[row, : len(request.block_ids)] = request.block_ids
-        nd = out.num_decodes
-        prefill_qsl = [q - query_start[nd] for q in query_start[nd:]]
-        meta = AttentionMetadata(
-            slot_mapping=self._to_device(slots, torch.int64),
-            block_tables=self._to_device(block_tables, torch.int32),
-            seq_lens=self._to_device(seq_lens, torch.int32),
-            query_start_loc=self._to_device(query_start, torch.int32),
-            num_decodes=nd,
-            max_query_len=max(out.num_new_tokens),
-            max_seq_len=max(seq_lens),
-            prefill_query_start_loc=self._to_device(prefill_qsl, torch.int32),
-            max_decode_seq_len=max(seq_lens[:nd], default=0),
-        )
-        return PreparedBatch(
-            input_ids=self._to_device(tokens, torch.int64),
-            positions=self._to_device(positions, torch.int64),
-            meta=meta,
-            logits_indices=self._to_device(logits_indices, torch.int64),
-            sampling_requests=sampling,
-        )
-
-    def _to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.as_tensor(values, dtype=dtype)
-        if self.device.type == "cpu":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        self.batch_builder = BatchBuilder(self.block_size, device)
 
     # -- the step ------------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[int]:
         t0 = time.perf_counter()
-        batch = self.prepare(out)
+        batch = self.batch_builder.prepare(out)
         t1 = time.perf_counter()
         hidden = self.model(
             batch.input_ids, batch.positions, batch.meta, self.kv_caches, self.cos_sin

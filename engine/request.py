@@ -39,6 +39,7 @@ class Request:
         "arrival_time",
         "block_hashes",
         "block_ids",
+        "block_table_cache",
         "cache_salt",
         "detokenizer",
         "error",
@@ -83,6 +84,9 @@ class Request:
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
         self.num_preemptions = 0
         self.block_ids: list[int] = []
+        # (the block_ids list it mirrors, its length then, int32 array): batch preparation
+        # copies this row instead of converting the list every step.
+        self.block_table_cache: tuple[list[int], int, Any] | None = None
         self.block_hashes: list[int] = []  # hash of each full block of token_ids, in order
         self.num_registered_blocks = 0  # leading blocks already published to the prefix cache
         self.admitted_seq = -1  # order of the latest admission; larger = more recent
