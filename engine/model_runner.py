@@ -12,6 +12,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.batch_builder import BatchBuilder
 from engine.config import EngineConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget
 from engine.models.config import ModelConfig
 from engine.models.loader import build_model
@@ -57,34 +58,61 @@ class ModelRunner:
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
         self.batch_builder = BatchBuilder(self.block_size, device)
+        self.graphs: DecodeGraphs | None = None
+        # Benchmarks set a list here to collect (start, end) CUDA events of every step.
+        self.step_events: list | None = None
 
     # -- the step ------------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[int]:
         t0 = time.perf_counter()
+        if self.step_events is not None:
+            start_event = torch.cuda.Event(enable_timing=True)
+            start_event.record()
         batch = self.batch_builder.prepare(out)
+        sampling = self._sampling_batch(batch.sampling_requests)
         t1 = time.perf_counter()
-        hidden = self.model(
-            batch.input_ids, batch.positions, batch.meta, self.kv_caches, self.cos_sin
-        )
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        meta = batch.meta
+        if self.graphs is not None and self.graphs.can_run(
+            len(out.requests), out.num_decodes, meta.block_tables.shape[1]
+        ):
+            logits = self.graphs.replay(batch)
+        else:
+            hidden = self.model(
+                batch.input_ids, batch.positions, meta, self.kv_caches, self.cos_sin
+            )
+            logits = self.model.compute_logits(hidden[batch.logits_indices])
         t2 = time.perf_counter()
-        token_ids = self.sample(logits, batch.sampling_requests)
+        sampled = sample(logits, sampling) if sampling is not None else None
+        if self.step_events is not None:
+            end_event = torch.cuda.Event(enable_timing=True)
+            end_event.record()
+            self.step_events.append((start_event, end_event))
+        token_ids = sampled.tolist() if sampled is not None else []  # the one D2H copy
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return token_ids
 
-    def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+    def _sampling_batch(self, requests: list[Request]) -> SamplingBatch | None:
         if not requests:
-            return []
+            return None
         for r in requests:
             if r.generator is None and r.params.seed is not None and not r.params.greedy:
                 r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
-        batch = SamplingBatch.from_requests(
-            requests, logits.shape[-1], self.device, self.eos_token_ids
+        vocab = self.model_config.vocab_size
+        return SamplingBatch.from_requests(requests, vocab, self.device, self.eos_token_ids)
+
+    def capture_decode_graphs(self, max_num_seqs: int) -> None:
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.kv_caches,
+            self.cos_sin,
+            max_num_seqs,
+            self.max_model_len,
+            self.block_size,
         )
-        return sample(logits, batch).tolist()  # the step's one device-to-host copy
+        self.graphs.capture()
 
     # -- memory profile ------------------------------------------------------------------
 

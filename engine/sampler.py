@@ -46,17 +46,28 @@ class SamplingBatch:
                 ids = [t for t in ids if 0 <= t < vocab_size]
                 banned_rows += [row] * len(ids)
                 banned_tokens += ids
+        all_greedy = all(t == 0.0 for t in temps)
+        if all_greedy:  # argmax needs no per-row tensors: skip the copies entirely
+            temps, top_ks, top_ps = [], [], []
         return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32).to(device, non_blocking=True),
-            top_k=torch.tensor(top_ks, dtype=torch.int64).to(device, non_blocking=True),
-            top_p=torch.tensor(top_ps, dtype=torch.float32).to(device, non_blocking=True),
-            all_greedy=all(t == 0.0 for t in temps),
+            temperature=_to_device(temps, torch.float32, device),
+            top_k=_to_device(top_ks, torch.int64, device),
+            top_p=_to_device(top_ps, torch.float32, device),
+            all_greedy=all_greedy,
             needs_top_k=any(k < vocab_size for k in top_ks),
             needs_top_p=any(p < 1.0 for p in top_ps),
             generators=gens,
             banned_rows=banned_rows,
             banned_tokens=banned_tokens,
         )
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t
+    # Pinned, so the copy is truly asynchronous and never waits behind the forward pass.
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -1,0 +1,1 @@
+# Benchmark harnesses shared by `fleetlm bench` and benchmarks/gpu_suite.py.
