@@ -25,8 +25,8 @@ def apply_rotary(
     if q.is_cuda:
         from kernels.rotary import apply_rotary as triton_apply_rotary
 
-        # q and k may be strided views of the fused qkv output; the kernel wants rows packed.
-        return triton_apply_rotary(q.contiguous(), k.contiguous(), positions, cos_sin)
+        # q and k may be strided views of the fused qkv output; the kernel takes the strides.
+        return triton_apply_rotary(q, k, positions, cos_sin)
     return apply_rotary_ref(q, k, positions, cos_sin)
 
 

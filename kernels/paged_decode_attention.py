@@ -5,7 +5,33 @@
 #   block_tables:    [num_seqs, max_blocks_per_seq] int32
 #   seq_lens:        [num_seqs] int32, keys per sequence including the current token; a padded
 #                    CUDA-graph row has seq_len 0 and its output is ignored (must not fault)
+#
+# Triton version (`paged_decode_attention`): split-KV "flash decoding", GQA-aware.
+#   * one program per (sequence, KV head, split); the query heads of that KV head's group are the
+#     M dimension of a tl.dot (padded to 16 rows), so every K/V tile is loaded once per group;
+#   * each sequence's context is cut into `num_splits` equal ranges (rounded up to BLOCK_N keys,
+#     computed on the device from seq_len, so the grid depends only on host ints); each split
+#     runs an online softmax over its range and writes partial (max, sum, acc) in float32;
+#   * a reduce kernel rescales and sums the partials. With num_splits == 1 the split kernel
+#     normalises and writes the output itself and the reduce launch is skipped.
 import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_contiguous,
+    check_last_dim_contiguous,
+    check_launchable,
+    check_shape,
+    check_tensor,
+    dot_config,
+    host_int,
+    is_power_of_2,
+    next_power_of_2,
+    num_sms,
+)
 
 
 def paged_decode_attention_ref(
@@ -40,4 +66,331 @@ def paged_decode_attention_ref(
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with seq_len 0 → zeros
     o = torch.einsum("bhgt,bthd->bhgd", probs, v)
     out.copy_(o.reshape(num_seqs, num_heads, head_dim).to(out.dtype))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,  # [num_seqs, num_heads, HEAD_DIM]
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    block_tables_ptr,  # [num_seqs, max_blocks_per_seq]
+    seq_lens_ptr,  # [num_seqs]
+    out_ptr,  # [num_seqs, num_heads, HEAD_DIM] (written only when NUM_SPLITS_IS_ONE)
+    part_max_ptr,  # [num_seqs, num_heads, num_splits] float32, running max (log2 domain)
+    part_sum_ptr,  # [num_seqs, num_heads, num_splits] float32, sum of exp2(s - max)
+    part_acc_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM] float32, unnormalised P @ V
+    qk_scale,  # softmax scale * log2(e): scores go straight to exp2
+    num_heads,
+    num_splits,
+    stride_q_seq,
+    stride_q_head,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    stride_bt_seq,
+    stride_o_seq,
+    stride_o_head,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_G: tl.constexpr,  # GROUP padded to >= 16 (tl.dot needs M >= 16)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    BLOCK_N: tl.constexpr,  # keys per tile
+    NUM_SPLITS_IS_ONE: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # This split's key range [start, end): ceil(seq_len / num_splits) rounded up to whole tiles.
+    # A split past the end (short sequence, padding row with seq_len 0) gets an empty range.
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G] row in the group
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    g_mask = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g  # [BLOCK_G] query head of each row
+
+    # q[seq, heads, d] -> [BLOCK_G, HEAD_DIM]; padding rows load zeros
+    q_ptrs = q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=g_mask[:, None], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)  # running max
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+
+    # row of this sequence's block table
+    bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    kv_head_off = kv_head * stride_kc_head
+    v_head_off = kv_head * stride_vc_head
+    for n0 in range(start, end, BLOCK_N):
+        offs_tok = n0 + offs_n  # [BLOCK_N] key positions in the sequence
+        tok_mask = offs_tok < end
+        # block_tables[seq, pos // BLOCK_SIZE]; masked so entries past seq_len are never read
+        block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
+        block_ids = block_ids.to(tl.int64)  # int64: block * stride overflows int32 on big caches
+        slot_offs = offs_tok % BLOCK_SIZE  # offset within the block
+        # k_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
+        k_ptrs = (
+            k_cache_ptr
+            + block_ids[:, None] * stride_kc_block
+            + slot_offs[:, None] * stride_kc_slot
+            + kv_head_off
+            + offs_d[None, :]
+        )
+        k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        # scores [BLOCK_G, BLOCK_N] in the log2 domain
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(tok_mask[None, :], s, float("-inf"))
+        # every tile holds >= 1 valid key (n0 < end), so m_new is finite
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)  # rescales the old state; 0 on the first tile
+        p = tl.exp2(s - m_new[:, None])  # [BLOCK_G, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # v_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
+        v_ptrs = (
+            v_cache_ptr
+            + block_ids[:, None] * stride_vc_block
+            + slot_offs[:, None] * stride_vc_slot
+            + v_head_off
+            + offs_d[None, :]
+        )
+        v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
+        if UPCAST_DOT:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if NUM_SPLITS_IS_ONE:
+        # out[seq, heads, d]; an empty context (seq_len 0) gives zeros, like the reference
+        o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + offs_d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        # partials are contiguous: part_max[seq, heads, split], part_acc[seq, heads, split, d].
+        # Every (seq, head, split) is written, empty splits as (-inf, 0, 0), so the reduce
+        # kernel never reads uninitialised scratch.
+        row = seq.to(tl.int64) * num_heads + heads  # [BLOCK_G] flat (seq, head) index
+        stat_offs = row * num_splits + split  # [BLOCK_G]
+        tl.store(part_max_ptr + stat_offs, m_i, mask=g_mask)
+        tl.store(part_sum_ptr + stat_offs, l_i, mask=g_mask)
+        acc_ptrs = part_acc_ptr + stat_offs[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.store(acc_ptrs, acc, mask=g_mask[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_max_ptr,  # [num_seqs, num_heads, num_splits] float32
+    part_sum_ptr,  # [num_seqs, num_heads, num_splits] float32
+    part_acc_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM] float32
+    out_ptr,  # [num_seqs, num_heads, HEAD_DIM]
+    num_heads,
+    num_splits,
+    stride_o_seq,
+    stride_o_head,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    s_mask = offs_s < num_splits
+
+    row = seq.to(tl.int64) * num_heads + head
+    # part_max[seq, head, s], part_sum[seq, head, s]
+    m = tl.load(part_max_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_sum_ptr + row * num_splits + offs_s, mask=s_mask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    # all splits empty (seq_len 0): use 0 as the reference so no (-inf) - (-inf) NaN appears
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)  # [BLOCK_S]; 0 for empty splits (m == -inf)
+    total = tl.sum(w * l, axis=0)
+    # part_acc[seq, head, s, d] -> [BLOCK_S, HEAD_DIM]
+    acc_ptrs = part_acc_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :]
+    acc = tl.load(acc_ptrs, mask=s_mask[:, None], other=0.0)
+    o = tl.sum(w[:, None] * acc, axis=0) / tl.where(total > 0.0, total, 1.0)  # [HEAD_DIM]
+    # out[seq, head, d]
+    tl.store(
+        out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d, o.to(out_ptr.dtype.element_ty)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+# Launch parameters (untuned defaults; benchmarks/kernel_bench.py measures them on a GPU).
+BLOCK_N_DEFAULT = 64  # keys per tile (32 when head_dim > 128)
+NUM_WARPS = 4
+NUM_STAGES = 3
+MAX_SPLITS = 64  # cap of the automatic choice
+MAX_USER_SPLITS = 256  # cap of an explicit num_splits (the reduce kernel holds all of them)
+MIN_KEYS_PER_SPLIT = 256  # below this a split is mostly launch/reduce overhead
+PROGRAMS_PER_SM = 2  # the split heuristic aims for this many programs per SM
+
+
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms_: int = 132
+) -> int:
+    """Splits per sequence so that the grid has ~PROGRAMS_PER_SM programs per SM, each split
+    with >= MIN_KEYS_PER_SPLIT keys. Pure host arithmetic on host ints.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    target = PROGRAMS_PER_SM * num_sms_
+    if programs >= target:
+        return 1
+    wanted = triton.cdiv(target, programs)
+    useful = max(1, triton.cdiv(max(0, max_seq_len), MIN_KEYS_PER_SPLIT))
+    return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_seq_len: int,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Triton twin of `paged_decode_attention_ref` (split-KV, GQA-aware).
+
+    max_seq_len: host int, an upper bound of the seq_lens. It only sizes the automatic split
+    count (num_splits=None) and is checked against the block table width; correctness never
+    depends on it: each split's key range is computed on the device from that row's seq_len.
+    The grid is (num_seqs, num_kv_heads, num_splits), made of host ints only, so the call can be
+    captured in a CUDA graph (with num_splits=None the count is fixed by the max_seq_len seen
+    at capture). The float32 scratch for the partials (num_splits > 1) is allocated per call,
+    from the graph's private pool under capture.
+    """
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    device = q.device
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=device)
+    check_tensor("block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES, device=device)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    check_shape("k_cache", k_cache, (k_cache.shape[0], block_size, num_kv_heads, head_dim))
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_shape("seq_lens", seq_lens, (num_seqs,))
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables has {block_tables.shape[0]} rows, expected {num_seqs}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+    if not is_power_of_2(head_dim) or head_dim < 16:
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    max_seq_len = host_int("max_seq_len", max_seq_len)
+    if max_seq_len > block_tables.shape[1] * block_size:
+        raise ValueError(
+            f"max_seq_len {max_seq_len} exceeds the block table capacity "
+            f"({block_tables.shape[1]} blocks x {block_size})"
+        )
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms(device))
+    num_splits = host_int("num_splits", num_splits, minimum=1)
+    if num_splits > MAX_USER_SPLITS:
+        raise ValueError(f"num_splits must be <= {MAX_USER_SPLITS}, got {num_splits}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_last_dim_contiguous(name, t)
+    check_last_dim_contiguous("block_tables", block_tables)
+    check_contiguous("seq_lens", seq_lens)
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
+    check_shape("out", out, tuple(q.shape))
+    check_last_dim_contiguous("out", out)
+    if num_seqs == 0 or num_heads == 0:
+        return out
+    check_launchable(q)
+
+    group = num_heads // num_kv_heads
+    BLOCK_G = max(16, next_power_of_2(group))
+    BLOCK_N = BLOCK_N_DEFAULT if head_dim <= 128 else 32
+    upcast, precision = dot_config(q.dtype)
+    if num_splits > 1:
+        part_max = torch.empty(
+            (num_seqs, num_heads, num_splits), dtype=torch.float32, device=device
+        )
+        part_sum = torch.empty_like(part_max)
+        part_acc = torch.empty(
+            (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=device
+        )
+    else:
+        part_max = part_sum = part_acc = out  # unused placeholders
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_max,
+        part_sum,
+        part_acc,
+        float(scale) * LOG2E,
+        num_heads,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        BLOCK_G=BLOCK_G,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=BLOCK_N,
+        NUM_SPLITS_IS_ONE=num_splits == 1,
+        UPCAST_DOT=upcast,
+        DOT_PRECISION=precision,
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            part_max,
+            part_sum,
+            part_acc,
+            out,
+            num_heads,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_S=next_power_of_2(num_splits),
+            num_warps=4 if head_dim >= 128 else 2,
+        )
     return out

@@ -7,7 +7,29 @@
 #   query_start_loc: [num_seqs + 1] int32, cumulative query lengths
 # Query j of sequence i (0-based in its chunk) sits at position seq_len - q_len + j and sees
 # keys 0 ..= that position. Decode is the q_len == 1 case; speculative verification is q_len > 1.
+#
+# Triton version (`paged_prefill_attention`): flash-attention style online softmax over the paged
+# cache. Grid: (query-row tiles, num_seqs, num_kv_heads). GQA is packed into the M dimension: the
+# rows of a sequence's chunk for one KV head are the (query, group head) pairs in order
+# row = q_idx * GROUP + g, so each K/V tile is loaded once for the whole head group. A program
+# first walks the key tiles every row of its tile can see in full (no masks), then the tiles
+# that cross the causal diagonal (masked).
 import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_contiguous,
+    check_last_dim_contiguous,
+    check_launchable,
+    check_shape,
+    check_tensor,
+    dot_config,
+    host_int,
+    is_power_of_2,
+)
 
 
 def paged_prefill_attention_ref(
@@ -48,4 +70,278 @@ def paged_prefill_attention_ref(
         scores.masked_fill_(mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tile(
+    q,  # [BLOCK_M, HEAD_DIM] query rows
+    q_pos,  # [BLOCK_M] position of each row's query in its sequence
+    m_i,  # [BLOCK_M] running max (log2 domain)
+    l_i,  # [BLOCK_M] running sum
+    acc,  # [BLOCK_M, HEAD_DIM] float32 running P @ V
+    n0,  # first key position of this tile
+    kv_end,  # keys < kv_end exist for this program
+    bt_row_ptr,  # this sequence's row of the block table
+    k_base_ptr,  # k_cache + kv_head * stride_kc_head
+    v_base_ptr,  # v_cache + kv_head * stride_vc_head
+    qk_scale,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_vc_block,
+    stride_vc_slot,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile is visible to every row
+    UPCAST_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    offs_tok = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+    offs_d = tl.arange(0, HEAD_DIM)
+    slot_offs = offs_tok % BLOCK_SIZE  # offset within the cache block
+    if MASKED:
+        tok_mask = offs_tok < kv_end
+        # block_tables[seq, pos // BLOCK_SIZE], never past the last key
+        block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
+    else:
+        block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE)
+    block_ids = block_ids.to(tl.int64)  # int64: block * stride overflows int32 on big caches
+    # k_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
+    k_ptrs = (
+        k_base_ptr
+        + block_ids[:, None] * stride_kc_block
+        + slot_offs[:, None] * stride_kc_slot
+        + offs_d[None, :]
+    )
+    # v_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
+    v_ptrs = (
+        v_base_ptr
+        + block_ids[:, None] * stride_vc_block
+        + slot_offs[:, None] * stride_vc_slot
+        + offs_d[None, :]
+    )
+    if MASKED:
+        k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    if UPCAST_DOT:
+        k = k.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = (offs_tok[None, :] <= q_pos[:, None]) & tok_mask[None, :]  # causal
+        s = tl.where(visible, s, float("-inf"))
+    # each row sees >= 1 key of the first tile it processes, so m_new stays finite
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    if UPCAST_DOT:
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    block_tables_ptr,  # [num_seqs, max_blocks_per_seq]
+    seq_lens_ptr,  # [num_seqs]
+    query_start_loc_ptr,  # [num_seqs + 1]
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    qk_scale,  # softmax scale * log2(e)
+    stride_q_tok,
+    stride_q_head,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    stride_bt_seq,
+    stride_o_tok,
+    stride_o_head,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    BLOCK_M: tl.constexpr,  # (query, group head) rows per program
+    BLOCK_N: tl.constexpr,  # keys per tile
+    UPCAST_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2)
+
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    row_lo = tile * BLOCK_M
+    if row_lo >= q_len * GROUP:  # this sequence has fewer rows (or is padding)
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx_len = seq_len - q_len  # keys cached before this chunk
+
+    offs_m = row_lo + tl.arange(0, BLOCK_M)  # [BLOCK_M] row = q_idx * GROUP + g
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_idx = offs_m // GROUP  # query index within the chunk
+    heads = kv_head * GROUP + offs_m % GROUP  # query head of each row
+    row_mask = q_idx < q_len
+    q_pos = ctx_len + q_idx  # position of each query in the sequence
+    tok = (q_start + q_idx).to(tl.int64)  # packed token index
+
+    # q[tok, heads, d] -> [BLOCK_M, HEAD_DIM]
+    q_ptrs = q_ptr + tok[:, None] * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    # keys [0, full_end) are visible to every row of the tile; [full_end, kv_end) need masks
+    first_pos = ctx_len + row_lo // GROUP
+    last_pos = ctx_len + tl.minimum((row_lo + BLOCK_M - 1) // GROUP, q_len - 1)
+    kv_end = last_pos + 1
+    full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    k_base_ptr = k_cache_ptr + kv_head * stride_kc_head  # k_cache[:, :, kv_head, :]
+    v_base_ptr = v_cache_ptr + kv_head * stride_vc_head  # v_cache[:, :, kv_head, :]
+    for n0 in range(0, full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q_pos, m_i, l_i, acc, n0, kv_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, UPCAST_DOT, DOT_PRECISION,
+        )  # fmt: skip
+    for n0 in range(full_end, kv_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q_pos, m_i, l_i, acc, n0, kv_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, UPCAST_DOT, DOT_PRECISION,
+        )  # fmt: skip
+
+    o = acc / l_i[:, None]  # l_i >= 1: each row's max key contributes exp2(0)
+    # out[tok, heads, d]
+    o_ptrs = (
+        out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :]
+    )
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+# Launch parameters (untuned defaults; benchmarks/kernel_bench.py measures them on a GPU).
+BLOCK_M_16BIT = 128  # rows per program for bf16/fp16 with head_dim <= 128
+BLOCK_M_32BIT = 64  # rows per program otherwise (fp32 tiles need twice the shared memory)
+BLOCK_N_DEFAULT = 64  # keys per tile (32 when head_dim > 128)
+NUM_STAGES = 3
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Triton twin of `paged_prefill_attention_ref` (causal varlen over the paged cache).
+
+    max_query_len: host int >= every q_len (sizes the grid; query rows past it would be left
+    unwritten). A generous bound is fine: the extra programs return at once.
+    Tokens after query_start_loc[-1] (CUDA-graph padding) are left untouched in `out`, as in the
+    reference. The grid depends only on host ints, so the call can be graph-captured.
+    Sequences must satisfy q_len <= seq_len (the chunk's keys are already in the cache).
+    """
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    device = q.device
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=device)
+    check_tensor("block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES, device=device)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    check_shape("k_cache", k_cache, (k_cache.shape[0], block_size, num_kv_heads, head_dim))
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables has {block_tables.shape[0]} rows, expected {num_seqs}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+    if not is_power_of_2(head_dim) or head_dim < 16:
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    max_query_len = host_int("max_query_len", max_query_len)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_last_dim_contiguous(name, t)
+    check_last_dim_contiguous("block_tables", block_tables)
+    check_contiguous("seq_lens", seq_lens)
+    check_contiguous("query_start_loc", query_start_loc)
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
+    check_shape("out", out, tuple(q.shape))
+    check_last_dim_contiguous("out", out)
+    if num_seqs == 0 or max_query_len == 0 or num_heads == 0:
+        return out
+    check_launchable(q)
+
+    group = num_heads // num_kv_heads
+    rows = max_query_len * group  # (query, group head) rows of the longest chunk
+    upcast, precision = dot_config(q.dtype)
+    big_tile = q.dtype != torch.float32 and head_dim <= 128
+    BLOCK_M = BLOCK_M_16BIT if big_tile else BLOCK_M_32BIT
+    BLOCK_M = min(BLOCK_M, max(16, triton.next_power_of_2(rows)))  # short chunks: small tiles
+    BLOCK_N = BLOCK_N_DEFAULT if head_dim <= 128 else 32
+    grid = (triton.cdiv(rows, BLOCK_M), num_seqs, num_kv_heads)
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        float(scale) * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        UPCAST_DOT=upcast,
+        DOT_PRECISION=precision,
+        num_warps=8 if BLOCK_M >= 128 else 4,
+        num_stages=NUM_STAGES,
+    )
     return out

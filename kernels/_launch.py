@@ -1,0 +1,131 @@
+# Host-side helpers shared by the Triton launchers: argument checks (metadata only: shapes,
+# dtypes, devices, strides; never tensor values, so the launchers stay CUDA-graph safe) and a
+# few launch-configuration choices.
+import functools
+import operator
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def dot_config(dtype: torch.dtype) -> tuple[bool, str]:
+    """(upcast, input_precision) for a tl.dot over `dtype` operands.
+
+    float32 uses "ieee" (no TF32) so fp32 results match the reference to ~1e-5. The interpreter
+    cannot multiply bfloat16 (numpy has no bf16: it would matmul the raw uint16 bit patterns),
+    so under TRITON_INTERPRET=1 the kernels upcast dot operands to float32; on a GPU the dot runs
+    in the input dtype with float32 accumulation.
+    """
+    upcast = interpreting() and dtype != torch.float32
+    precision = "ieee" if (dtype == torch.float32 or upcast) else "tf32"
+    return upcast, precision
+
+
+def is_power_of_2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 132  # H100/H200; only used to size grids when interpreting on CPU
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    ndim: int,
+    dtypes: tuple[torch.dtype, ...] | None = None,
+    device: torch.device | None = None,
+) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name} dtype must be one of ({allowed}), got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs on one device)")
+
+
+def host_int(name: str, value: object, *, minimum: int = 0) -> int:
+    """A launch parameter that must live on the host: a tensor here would need a device sync."""
+    if isinstance(value, (torch.Tensor, bool)):
+        raise ValueError(f"{name} must be a host int, got {type(value).__name__} (no syncs)")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a host int, got {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {n}")
+    return n
+
+
+def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.numel() and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension, strides {t.stride()}")
+
+
+def check_contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def check_launchable(t: torch.Tensor) -> None:
+    if interpreting():
+        patch_interpreter_index()
+    elif t.device.type != "cuda":
+        raise ValueError(
+            f"Triton kernels need CUDA tensors (got {t.device}); on CPU set TRITON_INTERPRET=1 "
+            "before importing triton, or call the *_ref function"
+        )
+
+
+def patch_interpreter_index() -> None:
+    """Work around triton-lang/triton#9171 in Triton's CPU interpreter (testing only).
+
+    The interpreter holds scalar kernel arguments as 1-element numpy arrays and converts them
+    with int(array), which numpy >= 2.4 rejects ("only 0-dimensional arrays can be converted"),
+    so `for i in range(lo, hi, BLOCK)` over runtime bounds fails. This re-applies the upstream
+    fix (convert through .item()) for the duration of each interpreted launch. It is a no-op on
+    GPUs and once per process; drop it when the pinned Triton ships the fix.
+    """
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - layout of a future Triton
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_fleetlm_index_fix", False):
+        return
+
+    def _patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        # restored in LIFO order by the interpreter's patch scope, after the launch
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    _patch_lang_tensor._fleetlm_index_fix = True
+    interpreter._patch_lang_tensor = _patch_lang_tensor

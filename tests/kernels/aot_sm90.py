@@ -1,0 +1,121 @@
+# Ahead-of-time compile of every kernel for sm_90 (H100/H200) on any machine, GPU or not:
+# Triton's NVIDIA backend and ptxas ship in the triton wheel. This catches compiled-mode errors
+# that the CPU interpreter cannot see (unsupported constructs, dot shapes, shared memory over the
+# Hopper limit). Run as `python -m tests.kernels.aot_sm90` WITHOUT TRITON_INTERPRET (interpreted
+# kernels cannot be compiled); prints one JSON line per kernel variant.
+# Uses Triton's compiler entry points (ASTSource, GPUTarget) as of triton 3.6.
+import json
+import os
+import re
+import sys
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    sys.exit("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels import paged_decode_attention as pda
+from kernels import paged_prefill_attention as ppa
+from kernels import rms_norm, rotary, silu_mul, store_kv
+
+TARGET = GPUTarget("cuda", 90, 32)
+SMEM_LIMIT = 232448  # max shared memory per block on sm_90
+
+
+def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages):
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ptr_types:
+            signature[name] = "*" + ptr_types[name]
+        elif name in float_args:
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    # what a JIT launch specialises on real tensors: 16-byte aligned pointers, strides % 16 == 0
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if signature[name].startswith("*") or name.startswith("stride_")
+    }
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(
+        src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages}
+    )
+    ptx = kernel.asm["ptx"]
+    return {
+        "kernel": fn.__name__,
+        "constexprs": {k: str(v) for k, v in constexprs.items()},
+        "cubin": "cubin" in kernel.asm,
+        "shared": kernel.metadata.shared,
+        "smem_ok": kernel.metadata.shared <= SMEM_LIMIT,
+        "cp_async": len(re.findall(r"cp\.async", ptx)),
+        "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+        "mma_sync": len(re.findall(r"mma\.sync", ptx)),
+        "spill_stores": len(re.findall(r"st\.local", ptx)),
+    }
+
+
+def variants(dt: str = "bf16"):
+    kv = {"k_cache_ptr": dt, "v_cache_ptr": dt, "block_tables_ptr": "i32", "seq_lens_ptr": "i32"}
+    yield (
+        store_kv._store_kv_kernel,
+        {"key_ptr": dt, "value_ptr": dt, "k_cache_ptr": dt, "v_cache_ptr": dt,
+         "slot_mapping_ptr": "i64"},
+        (), {"BLOCK_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128}, 4, 1,
+    )  # fmt: skip
+    for residual in (True, False):
+        yield (
+            rms_norm._rms_norm_kernel,
+            {"x_ptr": dt, "residual_ptr": dt, "weight_ptr": dt, "out_ptr": dt,
+             "residual_out_ptr": dt},
+            ("eps",), {"HAS_RESIDUAL": residual, "BLOCK_N": 4096}, 4, 1,
+        )  # fmt: skip
+    yield (
+        rotary._rotary_kernel,
+        {"q_ptr": dt, "k_ptr": dt, "positions_ptr": "i64", "cos_sin_ptr": "fp32"},
+        (), {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_H": 32}, 4, 1,
+    )  # fmt: skip
+    yield silu_mul._silu_and_mul_kernel, {"x_ptr": dt, "out_ptr": dt}, (), {"BLOCK": 1024}, 4, 1
+    for group, head_dim in ((4, 128), (8, 64), (1, 128)):
+        for one_split in (True, False):
+            yield (
+                pda._decode_split_kernel,
+                {"q_ptr": dt, "out_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32",
+                 "part_acc_ptr": "fp32", **kv},
+                ("qk_scale",),
+                {"GROUP": group, "BLOCK_G": max(16, group), "HEAD_DIM": head_dim,
+                 "BLOCK_SIZE": 16, "BLOCK_N": pda.BLOCK_N_DEFAULT, "NUM_SPLITS_IS_ONE": one_split,
+                 "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
+                pda.NUM_WARPS, pda.NUM_STAGES,
+            )  # fmt: skip
+        yield (
+            pda._decode_reduce_kernel,
+            {"part_max_ptr": "fp32", "part_sum_ptr": "fp32", "part_acc_ptr": "fp32", "out_ptr": dt},
+            (), {"HEAD_DIM": head_dim, "BLOCK_S": 32}, 4, 1,
+        )  # fmt: skip
+        for block_m in (ppa.BLOCK_M_16BIT, 16):
+            yield (
+                ppa._prefill_kernel,
+                {"q_ptr": dt, "out_ptr": dt, "query_start_loc_ptr": "i32", **kv},
+                ("qk_scale",),
+                {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_M": block_m,
+                 "BLOCK_N": ppa.BLOCK_N_DEFAULT, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
+                8 if block_m >= 128 else 4, ppa.NUM_STAGES,
+            )  # fmt: skip
+
+
+def main() -> int:
+    ok = True
+    for fn, ptrs, floats, constexprs, num_warps, num_stages in variants():
+        res = compile_sm90(fn, ptrs, floats, constexprs, num_warps, num_stages)
+        ok &= res["cubin"] and res["smem_ok"]
+        print(json.dumps(res), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
