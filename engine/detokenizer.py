@@ -3,7 +3,9 @@
 # Each step decodes a small window of tokens: ids[prefix:] against ids[prefix:read], where
 # `read` is the last token boundary at which everything has been committed and `prefix` the one
 # before it. The window's first tokens are left context, so leading spaces and byte merges come
-# out as they do when the whole sequence is decoded at once.
+# out as they do when the whole sequence is decoded at once. One exception keeps the work per
+# step bounded: a U+FFFD still pending after _MAX_HELD_TOKENS tokens is committed as is, so
+# invalid bytes separated by many skipped tokens may render differently from a one-shot decode.
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -12,6 +14,7 @@ from typing import Protocol
 _FFFD = "\ufffd"
 _PROMPT_CONTEXT = 5  # prompt tokens kept as left context for the first output tokens
 _HELD_TOKENS = 4  # tokens held behind a trailing U+FFFD before looking for a clean split
+_MAX_HELD_TOKENS = 8  # then the U+FFFD is committed as is, bounding the work per step
 _SILENT_TOKENS = 16  # tokens that decode to nothing (skipped specials) before the window moves on
 _TRIM_AT = 4096
 
@@ -82,12 +85,18 @@ class IncrementalDetokenizer:
     def _advance(self) -> str:
         ids = self._ids
         text = self._decode(ids[self._prefix :])
-        if not text.endswith(_FFFD):
+        # Only a U+FFFD in the not-yet-committed part can still become a character; one that
+        # was committed earlier must not hold the window (that made every later step rescan).
+        if not text[self._prefix_len :].endswith(_FFFD):
             if len(text) > self._prefix_len or len(ids) - self._read > _SILENT_TOKENS:
                 return self._commit(len(ids), text)
             return ""
-        if len(ids) - self._read <= _HELD_TOKENS:
+        held = len(ids) - self._read
+        if held <= _HELD_TOKENS:
             return ""
+        if held > _MAX_HELD_TOKENS:
+            # No character spans this many tokens: what is held is invalid bytes for good.
+            return self._commit(len(ids), text)
         # A U+FFFD that outlives several tokens is most likely an invalid byte rather than a
         # character still being assembled (a random-weight model can repeat 0xFF forever).
         # Commit up to the last token boundary that splits the text cleanly: decoding both

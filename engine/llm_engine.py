@@ -118,13 +118,14 @@ class LLMEngine:
             arrival_time,
             cache_salt,
         )
-        request.detokenizer = IncrementalDetokenizer(
-            self.tokenizer,
-            prompt,
-            stop=params.stop,
-            skip_special_tokens=params.skip_special_tokens,
-            include_stop_str_in_output=params.include_stop_str_in_output,
-        )
+        if params.detokenize:
+            request.detokenizer = IncrementalDetokenizer(
+                self.tokenizer,
+                prompt,
+                stop=params.stop,
+                skip_special_tokens=params.skip_special_tokens,
+                include_stop_str_in_output=params.include_stop_str_in_output,
+            )
         self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> bool:
@@ -132,7 +133,7 @@ class LLMEngine:
         request = self.scheduler.abort(request_id)
         if request is None:
             return False
-        self._pending.append(self._delta(request, [], request.detokenizer.flush()))
+        self._pending.append(self._delta(request, [], self._flush(request)))
         return True
 
     def has_unfinished(self) -> bool:
@@ -148,18 +149,25 @@ class LLMEngine:
         sampled = self.runner.execute(out) if not out.is_empty else []
         for request in self.scheduler.update_from_output(out, sampled):
             token = request.token_ids[-1]
-            text = request.detokenizer.update([token])
-            if request.detokenizer.stop_reason is not None:
-                if request.is_finished:  # length or EOS on the very token that completed it
-                    request.finish_reason = "stop"
-                else:
-                    self.scheduler.finish(request, "stop")
-            elif request.is_finished:
-                text += request.detokenizer.flush()
+            detok = request.detokenizer
+            text = ""
+            if detok is not None:
+                text = detok.update([token])
+                if detok.stop_reason is not None:
+                    if request.is_finished:  # length or EOS on the very token that completed it
+                        request.finish_reason = "stop"
+                    else:
+                        self.scheduler.finish(request, "stop")
+                elif request.is_finished:
+                    text += detok.flush()
             deltas.append(self._delta(request, [token], text))
         for request in out.failed:
-            deltas.append(self._delta(request, [], request.detokenizer.flush()))
+            deltas.append(self._delta(request, [], self._flush(request)))
         return deltas
+
+    @staticmethod
+    def _flush(request: Request) -> str:
+        return request.detokenizer.flush() if request.detokenizer is not None else ""
 
     def _delta(self, request: Request, new_ids: list[int], text: str) -> RequestDelta:
         return RequestDelta(

@@ -19,6 +19,7 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    detokenize: bool = True  # False: token ids only (no text, no stop strings), as benchmarks do
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -43,6 +44,8 @@ class SamplingParams:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError("seed must be in [0, 2**63)")
 

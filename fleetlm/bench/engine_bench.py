@@ -43,7 +43,9 @@ class _Steps:
     num_running: list[int] = field(default_factory=list)
 
 
-def run_workload(engine, requests: list[BenchRequest], *, timeout_s: float = 600.0) -> dict:
+def run_workload(
+    engine, requests: list[BenchRequest], *, timeout_s: float = 600.0, detokenize: bool = True
+) -> dict:
     import torch
 
     from engine.sampling_params import SamplingParams
@@ -65,7 +67,9 @@ def run_workload(engine, requests: list[BenchRequest], *, timeout_s: float = 600
         while i < len(pending) and t0 + pending[i][1].arrival_s <= now:
             idx, r = pending[i]
             rid = f"bench-{idx}"
-            params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+            params = SamplingParams(
+                temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, detokenize=detokenize
+            )
             arrival = t0 + r.arrival_s
             engine.add_request(rid, r.prompt_ids, params, r.priority, arrival_time=arrival)
             tracks[rid] = _Track(arrival=arrival, num_prompt=len(r.prompt_ids))
@@ -120,6 +124,7 @@ def run_workload(engine, requests: list[BenchRequest], *, timeout_s: float = 600
     breakdown["host_other"] = step_total - sum(breakdown.values())
     return {
         "num_requests": len(done),
+        "detokenize": detokenize,
         "unexpected_finishes": bad,
         "elapsed_s": elapsed,
         "input_tokens": total_in,
@@ -130,6 +135,8 @@ def run_workload(engine, requests: list[BenchRequest], *, timeout_s: float = 600
         "tpot_s": percentiles(tpot),
         "steps": n_steps,
         "mean_step_ms": 1e3 * step_total / max(n_steps, 1),
+        "step_ms": {k: 1e3 * v for k, v in percentiles(steps.wall).items()}
+        | {"max": 1e3 * max(steps.wall, default=0.0)},
         "step_breakdown_s": breakdown,
         "step_breakdown_fraction": {k: v / step_total for k, v in breakdown.items()}
         if step_total
