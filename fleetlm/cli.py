@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS = {
     "generate": "fleetlm.generate_cmd",
     "plan": "fleetlm.plan_cmd",
+    "bench": "fleetlm.bench_cmd",
 }
 
 

@@ -1,0 +1,85 @@
+# `fleetlm bench engine`: run the engine on a benchmark workload and print / write the figures
+# (output and total tok/s, TTFT and TPOT percentiles, step breakdown, GPU idle, roofline).
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks (engine)")
+    kinds = p.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
+    e = kinds.add_parser("engine", help="the engine on the nano or seed workload")
+    e.add_argument("--model", default="llama-3.1-8b", help="preset or HF checkpoint directory")
+    e.add_argument("--workload", choices=("nano", "seed"), default="nano")
+    e.add_argument("--num-requests", type=int, default=None)
+    e.add_argument("--rates", default="", help="seed: comma-separated Poisson rates (req/s)")
+    e.add_argument("--detokenize", action="store_true", help="produce text, as serving does")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--dtype", default="auto")
+    e.add_argument("--max-num-seqs", type=int, default=256)
+    e.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    e.add_argument("--num-kv-blocks", type=int, default=None)
+    e.add_argument("--json", default=None, help="write the results here")
+    e.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine import EngineConfig, LLMEngine
+    from fleetlm.bench.engine_bench import run_workload
+    from fleetlm.bench.workloads import describe, nano, seed_workload
+
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+        )
+    )  # fmt: skip
+    vocab = engine.model_config.vocab_size
+    room = engine.max_model_len
+    runs: dict[str, dict] = {}
+    if args.workload == "nano":
+        reqs = nano(args.num_requests or 256, vocab=vocab)
+        _fit(reqs, room)
+        run_workload(engine, reqs, detokenize=args.detokenize)  # untimed: compiles kernels
+        engine.block_manager.reset_prefix_cache()
+        runs["all_at_once"] = run_workload(engine, reqs, detokenize=args.detokenize)
+        runs["all_at_once"]["workload"] = describe(reqs)
+    else:
+        n = args.num_requests or 160
+        rates = [float(r) for r in args.rates.split(",") if r] or [None]
+        warm = seed_workload(16, vocab=vocab, seed=9, max_prompt=room - 2048)
+        _fit(warm, room)
+        run_workload(engine, warm, detokenize=args.detokenize)
+        for rate in rates:
+            engine.block_manager.reset_prefix_cache()
+            reqs = seed_workload(n, rate=rate, vocab=vocab, seed=2, max_prompt=room - 2048)
+            _fit(reqs, room)
+            result = run_workload(engine, reqs, detokenize=args.detokenize)
+            result["rate_req_s"] = rate
+            result["workload"] = describe(reqs)
+            runs["all_at_once" if rate is None else f"rate_{rate}"] = result
+    for name, r in runs.items():
+        print(
+            f"{name}: {r['output_tok_s']:.0f} out tok/s, {r['total_tok_s']:.0f} total tok/s, "
+            f"TTFT p50/p95 {r['ttft_s']['p50']:.3f}/{r['ttft_s']['p95']:.3f} s, "
+            f"TPOT p50/p95 {1e3 * r['tpot_s']['p50']:.1f}/{1e3 * r['tpot_s']['p95']:.1f} ms, "
+            f"GPU idle {100 * r['gpu_idle_fraction']:.1f}%, "
+            f"prefix hits {r['prefix_hit_rate']:.2f}, preemptions {r['preemptions']}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "workload": args.workload, "runs": runs}, f, indent=2)
+    bad = [n for r in runs.values() for n in r["unexpected_finishes"]]
+    if bad:
+        print(f"fleetlm bench: {len(bad)} requests ended unexpectedly: {bad[:5]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fit(reqs, max_model_len: int) -> None:
+    # Small models (the CPU `tiny` preset) have short contexts: clip so every request fits.
+    for r in reqs:
+        r.prompt_ids = r.prompt_ids[: max(1, max_model_len // 2)]
+        r.max_tokens = max(1, min(r.max_tokens, max_model_len - len(r.prompt_ids)))
