@@ -75,7 +75,12 @@ def paged_decode_attention_ref(
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# Batch-dependent ints and index tensors are not specialised on: otherwise each new value's
+# divisibility or pointer alignment triggers a fresh compile in the middle of serving.
+@triton.jit(
+    do_not_specialize=["num_splits", "stride_bt_seq"],
+    do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr"],
+)
 def _decode_split_kernel(
     q_ptr,  # [num_seqs, num_heads, HEAD_DIM]
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
@@ -197,7 +202,7 @@ def _decode_split_kernel(
         tl.store(acc_ptrs, acc, mask=g_mask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     part_max_ptr,  # [num_seqs, num_heads, num_splits] float32
     part_sum_ptr,  # [num_seqs, num_heads, num_splits] float32

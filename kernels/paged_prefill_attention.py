@@ -152,7 +152,11 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+# Batch-dependent ints and index tensors are not specialised on (no mid-serving recompiles).
+@triton.jit(
+    do_not_specialize=["stride_bt_seq"],
+    do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
+)
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]

@@ -70,7 +70,7 @@ def _rotate_heads(
         tl.store(x2_ptrs, o2.to(x2.dtype), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["positions_ptr"])
 def _rotary_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     k_ptr,  # [num_tokens, num_kv_heads, head_dim]
