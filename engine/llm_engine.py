@@ -55,15 +55,21 @@ class LLMEngine:
         self.eos_token_ids = eos
 
         rope_len = config.max_model_len or self.model_config.max_position_embeddings
+        window = self.model_config.sliding_window
+        if window is not None and rope_len > window:
+            if config.max_model_len is not None:
+                raise ValueError(
+                    f"max_model_len {config.max_model_len} exceeds the model's sliding window "
+                    f"({window}); fleetlm attends over full contexts, exact only within it"
+                )
+            rope_len = window
         self.runner = ModelRunner(
             config, self.model_config, self.device, self.dtype, rope_len, checkpoint
         )
         self.runner.eos_token_ids = eos
         num_blocks = self.runner.num_blocks
         # Without an explicit limit, a request must fit the pool on its own.
-        self.max_model_len = config.max_model_len or min(
-            self.model_config.max_position_embeddings, num_blocks * config.block_size
-        )
+        self.max_model_len = config.max_model_len or min(rope_len, num_blocks * config.block_size)
         self.runner.max_model_len = self.max_model_len
         if self.device.type == "cuda" and config.use_cuda_graphs:
             self.runner.capture_decode_graphs(config.max_num_seqs)

@@ -33,6 +33,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before rotary
+    # Mistral v0.1 style local attention. The engine attends over the full context, which is
+    # the same thing while the context fits the window, so it caps max_model_len to it.
+    sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "bfloat16"
@@ -93,6 +96,9 @@ class ModelConfig:
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         rope_scaling = d.get("rope_scaling")
+        window = d.get("sliding_window")
+        if family in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
+            window = None
         rope_theta = d.get("rope_theta")
         # transformers 5 nests rope settings under rope_parameters.
         params = d.get("rope_parameters")
@@ -116,6 +122,7 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", family == "qwen2")),
             qk_norm=family == "qwen3",
+            sliding_window=window if isinstance(window, int) and window > 0 else None,
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"),
