@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format bench-cpu clean
+.PHONY: install test lint format bench-cpu clean serve
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,10 @@ format: $(STAMP)
 
 test: $(STAMP) lint
 	TRITON_INTERPRET=1 $(BIN)/pytest -q
+
+# Everything on this machine: embedded Redis + Postgres, the API and one worker per GPU.
+serve: $(STAMP)
+	$(BIN)/fleetlm serve
 
 bench-cpu: $(STAMP)
 	$(BIN)/python benchmarks/scheduler_overhead.py

@@ -11,6 +11,10 @@ SUBCOMMANDS = {
     "generate": "fleetlm.generate_cmd",
     "plan": "fleetlm.plan_cmd",
     "bench": "fleetlm.bench_cmd",
+    "serve": "fleetlm.serve_cmd",
+    "api": "fleetlm.api_cmd",
+    "worker": "fleetlm.worker_cmd",
+    "migrate": "fleetlm.migrate_cmd",
 }
 
 

@@ -1,0 +1,37 @@
+# Annotated dependencies for the routes.
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from redis.asyncio import Redis
+
+from api.state import AppState
+from fleetlm.settings import Settings
+from metering.keys import Principal
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.fleetlm
+
+
+State = Annotated[AppState, Depends(get_state)]
+
+
+def get_settings(state: State) -> Settings:
+    return state.settings
+
+
+def get_redis(state: State) -> Redis:
+    return state.redis
+
+
+async def current_principal(
+    state: State, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    return await state.keys.verify(authorization)
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+RedisDep = Annotated[Redis, Depends(get_redis)]
+CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

@@ -1,0 +1,132 @@
+# The shared flow of a generation endpoint: enqueue, then relay the output stream as SSE or
+# collect it into one response. A client that goes away (stream or not) publishes a cancel.
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from api.admission import enqueue, publish_cancel
+from api.errors import event_error
+from api.relay import relay_events
+from api.schemas.sampling import Usage
+from api.state import AppState
+from workers import protocol as p
+
+
+class Formatter:
+    """Endpoint-specific shapes: chat.completion(.chunk) or text_completion."""
+
+    first_chunk: dict[str, Any] | None = None  # sent before any token (the chat role delta)
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def sse(obj: dict[str, Any] | str) -> str:
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+async def generate(
+    request: Request,
+    state: AppState,
+    queued: p.QueuedRequest,
+    fmt: Formatter,
+    *,
+    stream: bool,
+    include_usage: bool,
+) -> Response:
+    await enqueue(state.redis, state, queued)
+    headers = {"x-request-id": queued.request_id}
+    if stream:
+        body = _stream(state, queued.request_id, fmt, include_usage)
+        headers["cache-control"] = "no-cache"
+        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+    return await _collect(request, state, queued.request_id, fmt, headers)
+
+
+async def _stream(
+    state: AppState, request_id: str, fmt: Formatter, include_usage: bool
+) -> AsyncIterator[str]:
+    ended = False  # reached an end the worker knows about: nothing to cancel
+    try:
+        if fmt.first_chunk is not None:
+            yield sse(fmt.first_chunk | ({"usage": None} if include_usage else {}))
+        async for event in relay_events(state.redis, state.settings, request_id):
+            text = event.get("text", "")
+            if event["type"] == "delta":
+                if text:
+                    yield sse(fmt.chunk(text, None) | ({"usage": None} if include_usage else {}))
+                continue
+            if event["type"] == "error":
+                ended = event.get("code") != "no_workers"  # still queued: cancel it below
+                if text:
+                    yield sse(fmt.chunk(text, None))
+                yield sse(event_error(event).body())
+                break
+            ended = True
+            # finish_reason rides on the last content chunk
+            last = fmt.chunk(text, event["finish_reason"])
+            yield sse(last | ({"usage": None} if include_usage else {}))
+            if include_usage:
+                yield sse(fmt.usage_chunk(Usage.from_event(event["usage"])))
+        yield sse("[DONE]")
+    finally:
+        if not ended:  # the client went away (the response task was cancelled)
+            with anyio.CancelScope(shield=True):
+                await publish_cancel(state.redis, state, request_id)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(
+    request: Request, state: AppState, request_id: str, fmt: Formatter, headers: dict[str, str]
+) -> Response:
+    async def consume() -> tuple[str, dict[str, Any]]:
+        parts: list[str] = []
+        async for event in relay_events(state.redis, state.settings, request_id):
+            parts.append(event.get("text", ""))
+            if event.get("code") == "no_workers":  # still queued: whoever picks it up drops it
+                await publish_cancel(state.redis, state, request_id)
+            if event["type"] in p.FINAL_EVENTS:
+                return "".join(parts), event
+        raise AssertionError("relay ended without a final event")
+
+    collector = asyncio.ensure_future(consume())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not collector.done():
+            collector.cancel()
+            with anyio.CancelScope(shield=True):
+                await publish_cancel(state.redis, state, request_id)
+    if not collector.done() or collector.cancelled():
+        return Response(status_code=499)  # nobody is listening any more
+    text, event = collector.result()
+    if event["type"] == "error":
+        err = event_error(event)
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    usage = Usage.from_event(event["usage"])
+    return JSONResponse(fmt.response(text, event["finish_reason"], usage), headers=headers)
+
+
+def created_now() -> int:
+    return int(time.time())

@@ -1,0 +1,51 @@
+# The FastAPI app: assembles state, error handlers and routers; nothing else lives here.
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from redis.asyncio import Redis
+
+from api import errors
+from api.auth import KeyVerifier
+from api.routes import chat, completions, health, internal, models
+from api.schemas.models import ModelCard
+from api.state import AppState
+from engine.tokenizer import Tokenizer
+from fleetlm.settings import Settings
+from metering.db import make_engine, make_sessionmaker
+
+
+def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        db = make_engine(database_url)
+        sessions = make_sessionmaker(db)
+        redis = Redis.from_url(
+            redis_url, decode_responses=True, max_connections=settings.redis_max_connections
+        )
+        app.state.fleetlm = AppState(
+            settings=settings,
+            redis=redis,
+            db=db,
+            sessions=sessions,
+            keys=KeyVerifier(sessions, settings.api_key_cache_s),
+            tokenizer=Tokenizer.for_model(settings.model),
+            model_card=ModelCard(
+                id=settings.model_name,
+                created=int(time.time()),
+                max_model_len=settings.resolved_max_model_len(),
+            ),
+        )
+        try:
+            yield
+        finally:
+            await redis.aclose()
+            db.dispose()
+
+    app = FastAPI(title="fleetlm", lifespan=lifespan)
+    errors.install(app)
+    for module in (chat, completions, models, health, internal):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,31 @@
+# GET /internal/workers: every live worker's engine stats (free KV blocks, running, waiting...).
+# The observability work turns these into /metrics series.
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.deps import CurrentPrincipal, State
+from api.relay import live_workers
+from workers import protocol as p
+
+router = APIRouter(tags=["internal"])
+
+_FLOATS = {"kv_cache_usage", "updated_at"}
+_STRINGS = {"model"}
+
+
+def _typed(stats: dict[str, str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in stats.items():
+        out[k] = v if k in _STRINGS else float(v) if k in _FLOATS else int(v)
+    return out
+
+
+@router.get("/internal/workers")
+async def workers(state: State, _: CurrentPrincipal) -> dict[str, object]:
+    ids = await live_workers(state.redis)
+    pipe = state.redis.pipeline(transaction=False)
+    for w in ids:
+        pipe.hgetall(p.stats_key(w))
+    stats = await pipe.execute() if ids else []
+    return {"workers": [{"id": w, **_typed(s)} for w, s in zip(ids, stats)]}

@@ -1,0 +1,23 @@
+# What the app holds for its lifetime: built in main's lifespan, reached through api/deps.py.
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.auth import KeyVerifier
+from api.schemas.models import ModelCard
+from fleetlm.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    redis: Redis
+    db: Engine
+    sessions: sessionmaker[Session]
+    keys: KeyVerifier
+    tokenizer: object  # engine.tokenizer.Tokenizer | ByteTokenizer
+    model_card: ModelCard

@@ -1,0 +1,32 @@
+# `fleetlm api`: the OpenAI-compatible HTTP API (uvicorn) against the configured Redis and
+# Postgres, or the embedded ones of a running `fleetlm serve` (--data-dir).
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("api", help="run the OpenAI-compatible HTTP API")
+    p.add_argument("--data-dir", type=Path, default=None, help="a running `fleetlm serve`'s")
+    p.add_argument("--model", default=None, help="HF checkpoint directory or preset name")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.main import create_app
+    from fleetlm.embedded import resolve_urls
+    from fleetlm.settings import Settings
+
+    overrides = {
+        k: v for k, v in (("model", args.model), ("host", args.host), ("port", args.port)) if v
+    }
+    settings = Settings(**overrides)
+    redis_url, database_url = resolve_urls(settings, args.data_dir)
+    app = create_app(settings, redis_url, database_url)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    return 0

@@ -1,0 +1,185 @@
+# `fleetlm serve`: everything on one machine. Starts embedded Redis/Postgres when no URL is set,
+# applies the migrations, ensures a demo tenant key, then supervises the API and one worker per
+# visible GPU (one CPU worker when none), restarting a child that dies. Ctrl-C / SIGTERM stops
+# the children (API first, then workers), then the embedded services.
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_RESTARTS_PER_MINUTE = 5
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run everything: embedded services, API and workers")
+    p.add_argument("--data-dir", type=Path, default=None, help="default ./.fleetlm")
+    p.add_argument("--model", default=None, help="HF checkpoint directory or preset name")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--workers", type=int, default=None, help="default: one per visible GPU, or 1")
+    p.set_defaults(func=run)
+
+
+def count_gpus() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def ensure_demo_key(database_url: str, data_dir: Path) -> str:
+    """The demo tenant's key: the one in <data-dir>/demo-key while it is still valid."""
+    from metering.db import make_engine, make_sessionmaker, transaction
+    from metering.keys import create_api_key, find_principal, get_or_create_tenant
+
+    path = data_dir / "demo-key"
+    engine = make_engine(database_url)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            if path.exists():
+                key = path.read_text().strip()
+                if find_principal(session, key) is not None:
+                    return key
+            key = create_api_key(session, get_or_create_tenant(session, "demo"))
+    finally:
+        engine.dispose()
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    restarts: list[float] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+    def stop(self, timeout_s: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _wait_healthy(url: str, child: Child, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.proc is not None and child.proc.poll() is not None:
+            raise SystemExit(f"fleetlm serve: the API exited with {child.proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"fleetlm serve: the API did not answer on {url} in {timeout_s:.0f}s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetlm.embedded import EmbeddedServices, child_env
+    from fleetlm.migrate_cmd import upgrade
+    from fleetlm.settings import Settings
+
+    overrides = {
+        k: v
+        for k, v in (
+            ("model", args.model),
+            ("host", args.host),
+            ("port", args.port),
+            ("data_dir", args.data_dir),
+        )
+        if v is not None
+    }
+    settings = Settings(**overrides)
+    data_dir = settings.data_dir.resolve()
+    stopping = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    services = EmbeddedServices(data_dir)
+    children: list[Child] = []
+    try:
+        services.start(redis=not settings.redis_url, postgres=not settings.database_url)
+        redis_url = settings.redis_url or services.redis_url
+        database_url = settings.database_url or services.database_url
+        upgrade(database_url)
+        key = ensure_demo_key(database_url, data_dir)
+
+        env = child_env(redis_url, database_url)
+        env.update(
+            FLEETLM_MODEL=settings.model,
+            FLEETLM_HOST=settings.host,
+            FLEETLM_PORT=str(settings.port),
+            FLEETLM_DATA_DIR=str(data_dir),
+        )
+        cli = [sys.executable, "-m", "fleetlm.cli"]
+        children.append(Child("api", [*cli, "api"], env))
+        num_gpus = count_gpus()
+        num_workers = args.workers if args.workers is not None else max(1, num_gpus)
+        for i in range(num_workers):
+            worker_env = dict(env)
+            if num_gpus:
+                worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
+            children.append(Child(f"worker-{i}", [*cli, "worker"], worker_env))
+        for child in children:
+            child.start()
+        base = f"http://{settings.host}:{settings.port}"
+        _wait_healthy(base, children[0], timeout_s=120)
+        print(f"fleetlm: serving {settings.model_name} at {base}/v1", flush=True)
+        print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
+        print(f"fleetlm: {num_workers} worker(s); Ctrl-C stops everything", flush=True)
+
+        while not stopping:
+            time.sleep(0.2)
+            for child in children:
+                if stopping or child.proc is None or child.proc.poll() is None:
+                    continue
+                now = time.monotonic()
+                child.restarts = [t for t in (child.restarts or []) if now - t < 60] + [now]
+                if len(child.restarts) > MAX_RESTARTS_PER_MINUTE:
+                    print(f"fleetlm: {child.name} keeps dying; stopping", file=sys.stderr)
+                    return 1
+                print(
+                    f"fleetlm: {child.name} exited ({child.proc.returncode}); restarting",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                child.start()
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for child in children:  # API first: no new work, then the workers
+            child.stop(timeout_s=15)
+        services.stop()
+        print("fleetlm: stopped", flush=True)

@@ -1,0 +1,89 @@
+# Service configuration: one pydantic-settings class read from the environment and `.env`.
+# Every variable is FLEETLM_<FIELD> except the two connection URLs, which keep their usual names.
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The small chat model that ships in the repository (models/, see docs/default-model.md); an
+# installation without it falls back to the random-weight `tiny` preset.
+_SHIPPED_MODEL = Path(__file__).resolve().parents[1] / "models" / "fleetlm-tiny-chat"
+DEFAULT_MODEL = str(_SHIPPED_MODEL) if (_SHIPPED_MODEL / "config.json").exists() else "tiny"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLEETLM_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    # -- services --------------------------------------------------------------------------
+    database_url: str | None = Field(
+        None, validation_alias=AliasChoices("DATABASE_URL", "database_url")
+    )
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
+    data_dir: Path = Path(".fleetlm")  # embedded Redis/Postgres, demo key
+
+    # -- model -----------------------------------------------------------------------------
+    model: str = DEFAULT_MODEL  # HF checkpoint directory or preset name
+    # The id clients send; default: the preset name or the checkpoint directory's name.
+    served_model_name: str | None = None
+    max_model_len: int | None = None  # None → the model's max_position_embeddings (KV-capped)
+
+    # -- API -------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queue_len: int = 1024  # per class: requests queued or running before 503
+    queue_retry_after_s: int = 1
+    output_ttl_s: int = 300  # output streams expire this long after their last event
+    redis_max_connections: int = 4096  # per API process; each open request holds one
+    relay_poll_s: float = 0.5  # how often a waiting relay checks its worker's heartbeat
+    api_key_cache_s: float = 10.0  # how long a verified API key is trusted without a DB read
+
+    # -- workers ---------------------------------------------------------------------------
+    heartbeat_interval_s: float = 1.0
+    worker_dead_after_s: float = 8.0  # heartbeat TTL: a silent worker counts as dead after it
+    no_worker_timeout_s: float = 5.0  # a queued request fails after this long with no live worker
+    worker_max_waiting: int = 8  # queue entries held in the engine's waiting queue
+    batch_min_free_kv: float = 0.25  # read batch work only with this fraction of KV free
+    batch_max_waiting: int = 2  # ... and at most this many requests waiting in the engine
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.90
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    torch_threads: int | None = None  # CPU workers: intra-op threads (None → torch's default)
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        path = Path(self.model)
+        return path.name if (path / "config.json").exists() else self.model
+
+    def resolved_max_model_len(self) -> int:
+        """The context both the API (admission) and the workers (engine) enforce."""
+        from engine.models.config import resolve_model_config  # torch-free
+
+        limit = resolve_model_config(self.model).max_position_embeddings
+        if self.max_model_len is not None:
+            limit = min(limit, self.max_model_len)
+        if self.num_kv_blocks is not None:
+            limit = min(limit, self.num_kv_blocks * self.block_size)
+        return limit
+
+    @property
+    def liveness_bound_s(self) -> float:
+        """Worst case from a worker's death to its client's error event (docs/serving.md)."""
+        return self.worker_dead_after_s + self.no_worker_timeout_s + self.relay_poll_s
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

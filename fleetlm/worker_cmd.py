@@ -1,0 +1,35 @@
+# `fleetlm worker`: one GPU worker process (engine ↔ Redis queues) against the configured Redis,
+# or the embedded one of a running `fleetlm serve` (--data-dir).
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("worker", help="run one GPU worker (engine step loop on the Redis queues)")
+    p.add_argument("--data-dir", type=Path, default=None, help="a running `fleetlm serve`'s")
+    p.add_argument("--model", default=None, help="HF checkpoint directory or preset name")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--worker-id", default=None)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetlm.embedded import resolve_urls
+    from fleetlm.settings import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
+    settings = Settings(**overrides)
+    redis_url = settings.redis_url or resolve_urls(settings, args.data_dir)[0]
+
+    from workers.gpu_worker import GpuWorker
+
+    worker = GpuWorker(settings, redis_url, args.worker_id)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stopping.set())
+    worker.run()
+    return 0

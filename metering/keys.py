@@ -1,0 +1,58 @@
+# API keys: generated once, shown once, stored as a sha256 hash with a visible prefix.
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from metering.models import ApiKey, Tenant
+
+KEY_PREFIX = "flm-"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant_id: uuid.UUID
+    tenant_name: str
+    key_id: uuid.UUID
+
+
+def find_principal(session: Session, key: str) -> Principal | None:
+    row = session.execute(
+        select(ApiKey.id, Tenant.id, Tenant.name)
+        .join(Tenant, ApiKey.tenant_id == Tenant.id)
+        .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
+    ).first()
+    if row is None:
+        return None
+    key_id, tenant_id, tenant_name = row
+    return Principal(tenant_id=tenant_id, tenant_name=tenant_name, key_id=key_id)
+
+
+def get_or_create_tenant(session: Session, name: str) -> Tenant:
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        tenant = Tenant(name=name)
+        session.add(tenant)
+        session.flush()
+    return tenant
+
+
+def create_api_key(session: Session, tenant: Tenant) -> str:
+    """Returns the plaintext key; only its hash is stored."""
+    key = new_key()
+    session.add(ApiKey(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10]))
+    session.flush()
+    return key

@@ -1,0 +1,317 @@
+# One GPU worker process: pulls requests from the Redis priority queues into the engine and runs
+# the step loop. Each step makes ONE pipelined Redis round trip that publishes every request's
+# delta, finishes requests (usage record, XACK), picks up cancellations, writes engine stats and
+# reads new work (interactive always, batch only with headroom). A heartbeat thread keeps the
+# worker's alive key and the idle time of its pending queue entries fresh, so XAUTOCLAIM by other
+# workers takes only the entries of a worker that stopped heartbeating.
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from fleetlm.settings import Settings
+from workers import protocol as p
+from workers.usage import usage_record
+
+log = logging.getLogger("fleetlm.worker")
+
+
+@dataclass(slots=True)
+class Inflight:
+    req: p.QueuedRequest
+    queue: str
+    entry_id: str
+    published: bool = False  # any output event sent: from then on it can no longer be re-run
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def build_engine(settings: Settings) -> LLMEngine:
+    if settings.torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+    return LLMEngine(
+        EngineConfig(
+            model=settings.model,
+            dtype=settings.dtype,
+            device=settings.device,
+            block_size=settings.block_size,
+            num_kv_blocks=settings.num_kv_blocks,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            max_model_len=settings.resolved_max_model_len(),
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs,
+            enable_prefix_caching=settings.enable_prefix_caching,
+        )
+    )
+
+
+class GpuWorker:
+    def __init__(self, settings: Settings, redis_url: str, worker_id: str | None = None) -> None:
+        self.settings = settings
+        self.worker_id = worker_id or new_worker_id()
+        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self._hb_redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.engine = build_engine(settings)
+        self.inflight: dict[str, Inflight] = {}
+        self._lock = threading.Lock()  # guards `inflight` against the heartbeat thread
+        self._failed: list[tuple[Inflight, dict]] = []  # (request, final error event)
+        self.stopping = threading.Event()
+        self.num_steps = 0
+        self.last_cancel_step = -1  # the step after which the last cancel freed its KV blocks
+        self._last_reclaim = 0.0
+        self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
+        self._dead_after_ms = int(settings.worker_dead_after_s * 1000)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        for priority in p.PRIORITY_CLASSES:
+            try:
+                self.redis.xgroup_create(p.queue_key(priority), p.GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        self._heartbeat()
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
+        try:
+            while not self.stopping.is_set():
+                deltas = []
+                if self.engine.has_unfinished():
+                    deltas = self.engine.step()
+                    self.num_steps += 1
+                self._exchange(deltas)
+        finally:
+            self._shutdown()
+
+    def _heartbeat(self) -> None:
+        with self._lock:
+            owned: dict[str, list[str]] = {}
+            for f in self.inflight.values():
+                owned.setdefault(f.queue, []).append(f.entry_id)
+        pipe = self._hb_redis.pipeline(transaction=False)
+        info = json.dumps({"pid": os.getpid(), "model": self.settings.model_name})
+        pipe.set(p.alive_key(self.worker_id), info, px=self._dead_after_ms)
+        pipe.sadd(p.WORKERS_SET, self.worker_id)
+        for queue, ids in owned.items():
+            # Resets the idle time of our own pending entries (JUSTID: no delivery count bump).
+            pipe.xclaim(queue, p.GROUP, self.worker_id, 0, ids, justid=True)
+        pipe.execute()
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopping.wait(self.settings.heartbeat_interval_s):
+            try:
+                self._heartbeat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def _shutdown(self) -> None:
+        """Hands unstarted requests back to their queue; fails the ones already streaming."""
+        pipe = self.redis.pipeline(transaction=False)
+        with self._lock:
+            inflight, self.inflight = list(self.inflight.values()), {}
+        for f in inflight:
+            self.engine.abort(f.req.request_id)
+            if f.published:
+                self._finish(pipe, f, self._error_event("worker shutting down", "worker_lost"))
+            else:
+                pipe.xadd(f.queue, {"r": f.req.encode()})
+                pipe.xack(f.queue, p.GROUP, f.entry_id)
+                pipe.xdel(f.queue, f.entry_id)
+        pipe.delete(p.alive_key(self.worker_id), p.stats_key(self.worker_id))
+        pipe.srem(p.WORKERS_SET, self.worker_id)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("could not hand back work on shutdown: %s", exc)
+
+    # -- the per-step round trip ----------------------------------------------------------
+
+    def _exchange(self, deltas: list) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for delta in deltas:
+            self._publish(pipe, delta)
+        for f, event in self._failed:
+            self._finish(pipe, f, event)
+        self._failed.clear()
+
+        ids = list(self.inflight)
+        at_cancels = len(pipe)
+        if ids:
+            pipe.mget([p.cancel_key(i) for i in ids])
+        stats = self.engine.stats()
+        pipe.hset(p.stats_key(self.worker_id), mapping=self._stats_mapping(stats))
+        pipe.expire(p.stats_key(self.worker_id), 60)
+
+        room = self.settings.worker_max_waiting - stats.num_waiting
+        streams = [p.queue_key("interactive")]
+        free_frac = stats.num_free_blocks / max(stats.num_total_blocks, 1)
+        if (
+            free_frac >= self.settings.batch_min_free_kv
+            and stats.num_waiting <= self.settings.batch_max_waiting
+        ):
+            streams.append(p.queue_key("batch"))
+        at_reclaim = len(pipe)
+        reclaim = room > 0 and time.monotonic() - self._last_reclaim > (
+            self.settings.heartbeat_interval_s
+        )
+        if reclaim:
+            self._last_reclaim = time.monotonic()
+            for queue in streams:
+                start = self._claim_cursor.get(queue, "0-0")
+                pipe.xautoclaim(
+                    queue, p.GROUP, self.worker_id, self._dead_after_ms, start, count=room
+                )
+        at_read = len(pipe)
+        idle = not self.engine.has_unfinished()
+        if room > 0:
+            # Idle: block on the queues (bounded, so stop requests are seen); busy: just poll.
+            block = int(self.settings.heartbeat_interval_s * 500) if idle else None
+            pipe.xreadgroup(
+                p.GROUP, self.worker_id, dict.fromkeys(streams, ">"), count=room, block=block
+            )
+        elif idle:
+            time.sleep(0.01)
+        results = pipe.execute()
+
+        if ids:
+            for request_id, flag in zip(ids, results[at_cancels]):
+                if flag is not None and self.engine.abort(request_id):
+                    self.last_cancel_step = self.num_steps
+                    log.info("cancelled %s", request_id)
+        if reclaim:
+            for queue, claimed in zip(streams, results[at_reclaim:at_read]):
+                self._claim_cursor[queue] = claimed[0]
+                self._admit_reclaimed(queue, claimed[1])
+        if room > 0:
+            for queue, entries in results[at_read] or []:
+                for entry_id, fields in entries:
+                    self._admit(queue, entry_id, fields)
+
+    def _stats_mapping(self, stats: Any) -> dict[str, Any]:
+        return {
+            "step": self.num_steps,
+            "last_cancel_step": self.last_cancel_step,
+            "num_running": stats.num_running,
+            "num_waiting": stats.num_waiting,
+            "num_free_blocks": stats.num_free_blocks,
+            "num_total_blocks": stats.num_total_blocks,
+            "kv_cache_usage": f"{stats.kv_cache_usage:.6f}",
+            "prefix_cache_queries": stats.prefix_cache_queries,
+            "prefix_cache_hits": stats.prefix_cache_hits,
+            "num_preemptions": stats.num_preemptions,
+            "num_inflight": len(self.inflight),
+            "model": self.settings.model_name,
+            "updated_at": f"{time.time():.3f}",
+        }
+
+    # -- admission -----------------------------------------------------------------------
+
+    def _admit(self, queue: str, entry_id: str, fields: dict | None) -> None:
+        if not fields or "r" not in fields:  # deleted while pending
+            self.redis.xack(queue, p.GROUP, entry_id)
+            return
+        req = p.QueuedRequest.decode(fields["r"])
+        if req.request_id in self.inflight:
+            return
+        f = Inflight(req, queue, entry_id)
+        with self._lock:
+            self.inflight[req.request_id] = f
+        try:
+            self.engine.add_request(
+                req.request_id,
+                req.prompt_token_ids,
+                SamplingParams(**req.sampling),
+                priority=req.priority,
+                arrival_time=req.enqueued_at,
+                cache_salt=req.tenant_id,  # prefix-cache hits never cross tenants
+            )
+        except (ValueError, TypeError) as exc:
+            self._failed.append((f, self._error_event(str(exc), "invalid_request")))
+
+    def _admit_reclaimed(self, queue: str, claimed: list) -> None:
+        """Entries of a dead worker: re-run the unstarted, fail the ones that had streamed."""
+        for entry_id, fields in claimed:
+            if not fields or "r" not in fields:
+                self.redis.xack(queue, p.GROUP, entry_id)
+                continue
+            req = p.QueuedRequest.decode(fields["r"])
+            last = self.redis.xrevrange(p.output_key(req.request_id), count=1)
+            if last:
+                f = Inflight(req, queue, entry_id, published=True)
+                with self._lock:
+                    self.inflight[req.request_id] = f
+                event = self._error_event("the worker running this request stopped", "worker_lost")
+                n = p.decode_event(last[0][1]).get("completion_tokens", 0)
+                event["usage"] = {
+                    "prompt_tokens": len(req.prompt_token_ids),
+                    "completion_tokens": n,
+                }
+                self._failed.append((f, event))
+            else:
+                log.info("re-running %s from a dead worker", req.request_id)
+                self._admit(queue, entry_id, fields)
+
+    # -- output --------------------------------------------------------------------------
+
+    def _publish(self, pipe: redis.client.Pipeline, delta: Any) -> None:
+        f = self.inflight.get(delta.request_id)
+        if f is None:
+            return
+        usage = {
+            "prompt_tokens": delta.usage.prompt_tokens,
+            "cached_tokens": delta.usage.cached_tokens,
+            "completion_tokens": delta.usage.completion_tokens,
+            "preemptions": delta.usage.preemptions,
+        }
+        if not delta.finished:
+            event = {"type": "delta", "text": delta.new_text, "worker": self.worker_id}
+            event["completion_tokens"] = delta.usage.completion_tokens
+            key = p.output_key(delta.request_id)
+            pipe.xadd(key, p.encode_event(event))
+            pipe.expire(key, self.settings.output_ttl_s)
+            f.published = True
+            return
+        reason = delta.finish_reason
+        if reason in ("stop", "length"):
+            event = {"type": "done", "text": delta.new_text, "finish_reason": reason}
+        elif reason == "abort":
+            event = self._error_event("request cancelled", "cancelled")
+            event["text"] = delta.new_text
+        else:
+            event = self._error_event(delta.error or "the engine failed", "engine_error")
+            event["text"] = delta.new_text
+        event["usage"] = usage
+        self._finish(pipe, f, event, delta)
+
+    def _error_event(self, message: str, code: str) -> dict[str, Any]:
+        return {"type": "error", "message": message, "code": code}
+
+    def _finish(
+        self, pipe: redis.client.Pipeline, f: Inflight, event: dict, delta: Any = None
+    ) -> None:
+        """The final event, the usage record and the XACK of one request, in one pipeline."""
+        req = f.req
+        event["worker"] = self.worker_id
+        key = p.output_key(req.request_id)
+        pipe.xadd(key, p.encode_event(event))
+        pipe.expire(key, self.settings.output_ttl_s)
+        pipe.xadd(p.METERING_STREAM, usage_record(f.req, event, delta, self.worker_id))
+        pipe.xack(f.queue, p.GROUP, f.entry_id)
+        pipe.xdel(f.queue, f.entry_id)
+        with self._lock:
+            self.inflight.pop(req.request_id, None)

@@ -1,0 +1,56 @@
+# The usage record a worker emits on fleetlm:metering when a request ends, whatever the end.
+# Times are measured from the API's enqueue time (the engine's arrival_time is set to it).
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from workers import protocol as p
+
+
+def _ms(start: float | None, end: float | None) -> str:
+    return "" if start is None or end is None else f"{(end - start) * 1000:.3f}"
+
+
+def usage_record(
+    req: p.QueuedRequest, event: dict[str, Any], delta: Any, worker_id: str
+) -> dict[str, str]:
+    """The request's one metering record; `delta` is the engine's final delta, if any."""
+    now = time.time()
+    usage = event.get("usage") or {}
+    if delta is not None:
+        reason = delta.finish_reason
+        status = p.STATUS_BY_FINISH_REASON[reason]
+        arrival, scheduled = delta.arrival_time, delta.first_scheduled_time
+        first, finished = delta.first_token_time, delta.finish_time or now
+    else:
+        reason, status = "error", "failed"
+        arrival, scheduled, first, finished = req.enqueued_at, None, None, now
+    n = int(usage.get("completion_tokens", 0))
+    tpot = ""
+    if first is not None and n > 1:
+        tpot = f"{(finished - first) * 1000 / (n - 1):.3f}"
+    record = {
+        "request_id": req.request_id,
+        "tenant_id": req.tenant_id,
+        "key_id": req.key_id,
+        "model": req.model,
+        "priority": req.priority,
+        "endpoint": req.endpoint,
+        "batch_id": req.batch_id or "",
+        "status": status,
+        "finish_reason": reason,
+        "prompt_tokens": usage.get("prompt_tokens", len(req.prompt_token_ids)),
+        "cached_tokens": usage.get("cached_tokens", 0),
+        "completion_tokens": n,
+        "preemptions": usage.get("preemptions", 0),
+        "queue_ms": _ms(arrival, scheduled if scheduled is not None else finished),
+        "ttft_ms": _ms(arrival, first),
+        "tpot_ms": tpot,
+        "e2e_ms": _ms(arrival, finished),
+        "worker_id": worker_id,
+        "enqueued_at": f"{req.enqueued_at:.6f}",
+        "finished_at": f"{finished:.6f}",
+        "error": event.get("message", "") if event["type"] == "error" else "",
+    }
+    return {k: str(record[k]) for k in p.USAGE_FIELDS}
