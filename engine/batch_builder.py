@@ -19,7 +19,8 @@ class PreparedBatch:
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling_rows] int64: hidden rows that sample
-    sampling_requests: list[Request]
+    sampling_requests: list[Request]  # 1 + len(spec_token_ids) rows each, in row order
+    has_drafts: bool = False
 
 
 class BatchBuilder:
@@ -41,20 +42,25 @@ class BatchBuilder:
             start = request.num_computed_tokens
             end = start + n
             ids = request.block_ids
+            # Drafts ride after the pending token at positions num_tokens, ... like a short
+            # prefill chunk (their slots were reserved by the scheduler).
+            num_drafts = len(request.spec_token_ids)
             if n == 1:
                 tokens.append(request.token_ids[start])
                 positions.append(start)
                 slots.append(ids[start // bs] * bs + start % bs)
             else:
-                tokens.extend(request.token_ids[start:end])
+                tokens.extend(request.token_ids[start : end - num_drafts])
+                tokens.extend(request.spec_token_ids)
                 pos = np.arange(start, end)
                 positions.extend(pos.tolist())
                 slots.extend((np.asarray(ids)[pos // bs] * bs + pos % bs).tolist())
             seq_lens.append(end)
             query_start.append(query_start[-1] + n)
             max_blocks = max(max_blocks, len(ids))
-            if end == request.num_tokens:
-                logits_indices.append(query_start[-1] - 1)
+            if end - num_drafts == request.num_tokens:
+                # Rows that sample: the last one, or all 1 + num_drafts when verifying.
+                logits_indices.extend(range(query_start[-1] - 1 - num_drafts, query_start[-1]))
                 sampling.append(request)
 
         num_seqs, num_tokens = len(out.requests), len(tokens)
@@ -91,6 +97,7 @@ class BatchBuilder:
             meta=meta,
             logits_indices=i64[3 * t :],
             sampling_requests=sampling,
+            has_drafts=len(logits_indices) > len(sampling),
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:

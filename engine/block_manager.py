@@ -151,6 +151,24 @@ class BlockManager:
                 self.cached_blocks[block_hash] = block.block_id
         request.num_registered_blocks = num_full
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Return the trailing blocks beyond what `num_tokens` need (speculative decoding
+        reserved them for drafts that were rejected). They were fresh allocations past every
+        full, published block, so they hold no hash and go to the front of the free queue."""
+        keep = self.num_blocks_for(num_tokens)
+        if len(request.block_ids) <= keep:
+            return
+        while len(request.block_ids) > keep:
+            block = self.blocks[request.block_ids.pop()]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block.block_id] = None
+                if block.block_hash is None:
+                    self.free_queue.move_to_end(block.block_id, last=False)
+        # The cached row is keyed by list identity and length; a later re-grow to the same
+        # length with other block ids would otherwise reuse a stale row.
+        request.block_table_cache = None
+
     def free(self, request: Request) -> None:
         # Reverse order: a request's tail blocks are evicted before its (more shareable) head.
         for block_id in reversed(request.block_ids):

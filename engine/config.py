@@ -20,6 +20,14 @@ class EngineConfig:
     max_preemptions: int = 8
     seed: int = 0  # dummy-weight initialisation and unseeded sampling
     use_cuda_graphs: bool = True
+    # Speculative decoding (docs/speculative.md; the adaptive rule lives in spec_policy.py).
+    speculative_method: str | None = None  # None (off) | "ngram" | "draft"
+    num_speculative_tokens: int = 4  # k: most draft tokens proposed per request per step
+    ngram_min: int = 2  # prompt lookup tries match lengths ngram_max down to ngram_min
+    ngram_max: int = 4
+    draft_model: str | None = None  # preset or HF dir sharing the target's vocabulary
+    spec_max_batch_size: int = 32  # more running decodes than this → no speculation this step
+    spec_min_acceptance: float = 0.2  # a request's acceptance EMA below this → it stops drafting
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -38,3 +46,20 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.speculative_method not in (None, "ngram", "draft"):
+            raise ValueError(
+                f"speculative_method must be None, 'ngram' or 'draft', "
+                f"got {self.speculative_method!r}"
+            )
+        if self.speculative_method == "draft" and not self.draft_model:
+            raise ValueError("speculative_method='draft' needs draft_model")
+        if self.draft_model and self.speculative_method != "draft":
+            raise ValueError("draft_model is only used with speculative_method='draft'")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError("num_speculative_tokens must be in [1, 16]")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
+        if self.spec_max_batch_size < 1:
+            raise ValueError("spec_max_batch_size must be positive")
+        if not 0.0 <= self.spec_min_acceptance < 1.0:
+            raise ValueError("spec_min_acceptance must be in [0, 1)")

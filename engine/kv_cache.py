@@ -19,13 +19,15 @@ def num_blocks_from_budget(
     dtype: torch.dtype,
     device: torch.device,
     activation_peak_bytes: int = 0,
+    extra_bytes_per_block: int = 0,
 ) -> int:
     """Explicit `num_kv_blocks`, else a memory budget: on CUDA the configured fraction of the
     card minus everything already in use (weights, other processes) and the measured activation
     peak of a full-budget step; on the CPU a fixed byte budget."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    per_block = bytes_per_block(model, config.block_size, dtype)
+    # A draft model's own cache (speculative decoding) has a block for every target block.
+    per_block = bytes_per_block(model, config.block_size, dtype) + extra_bytes_per_block
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         budget = int(total * config.gpu_memory_utilization) - (total - free) - activation_peak_bytes

@@ -17,6 +17,8 @@ from engine.outputs import EngineStats, RequestDelta, RequestUsage
 from engine.request import Priority, Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.spec_ngram import NgramProposer
+from engine.spec_policy import Speculator
 from engine.tokenizer import Tokenizer
 
 _DTYPES = {
@@ -83,6 +85,12 @@ class LLMEngine:
             max_preemptions=config.max_preemptions,
             eos_token_ids=eos,
         )
+        self.speculator: Speculator | None = None
+        if config.speculative_method == "ngram":
+            proposer = NgramProposer(config.ngram_min, config.ngram_max)
+            self.speculator = Speculator(config, proposer)
+        elif config.speculative_method == "draft":
+            self.speculator = Speculator(config, self.runner.draft)
         self._pending: list[RequestDelta] = []  # aborted since the last step
         self.last_schedule_s = 0.0
 
@@ -150,15 +158,30 @@ class LLMEngine:
     def step(self) -> list[RequestDelta]:
         deltas, self._pending = self._pending, []
         t0 = time.perf_counter()
+        spec = self.speculator
+        if spec is not None:
+            spec.plan(self.scheduler.running)
         out = self.scheduler.schedule()
-        self.last_schedule_s = time.perf_counter() - t0
+        if spec is not None and not out.is_empty:
+            spec.propose(out)
+            self.scheduler.apply_drafts(out)
+        self.last_schedule_s = time.perf_counter() - t0  # includes drafting, when on
+        num_before = {r.request_id: r.num_tokens for r in out.requests}
         sampled = self.runner.execute(out) if not out.is_empty else []
         for request in self.scheduler.update_from_output(out, sampled):
-            token = request.token_ids[-1]
+            start = num_before[request.request_id]
+            new_ids = request.token_ids[start:]  # several when drafts were accepted
             detok = request.detokenizer
             text = ""
             if detok is not None:
-                text = detok.update([token])
+                for i, token in enumerate(new_ids):
+                    text += detok.update([token])
+                    if detok.stop_reason is not None:
+                        # Tokens after the one completing a stop string are discarded, as
+                        # token-by-token decoding would never have produced them.
+                        del request.token_ids[start + i + 1 :]
+                        new_ids = new_ids[: i + 1]
+                        break
                 if detok.stop_reason is not None:
                     if request.is_finished:  # length or EOS on the very token that completed it
                         request.finish_reason = "stop"
@@ -166,7 +189,7 @@ class LLMEngine:
                         self.scheduler.finish(request, "stop")
                 elif request.is_finished:
                     text += detok.flush()
-            deltas.append(self._delta(request, [token], text))
+            deltas.append(self._delta(request, new_ids, text))
         for request in out.failed:
             deltas.append(self._delta(request, [], self._flush(request)))
         return deltas
@@ -188,6 +211,8 @@ class LLMEngine:
                 cached_tokens=request.num_cached_tokens,
                 completion_tokens=request.num_output_tokens,
                 preemptions=request.num_preemptions,
+                spec_proposed_tokens=request.spec_proposed,
+                spec_accepted_tokens=request.spec_accepted,
             ),
             arrival_time=request.arrival_time,
             first_scheduled_time=request.first_scheduled_time,
@@ -206,4 +231,6 @@ class LLMEngine:
             prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
+            spec_decode_num_draft_tokens=self.scheduler.num_spec_draft_tokens,
+            spec_decode_num_accepted_tokens=self.scheduler.num_spec_accepted_tokens,
         )

@@ -20,6 +20,8 @@ from engine.models.rope import cos_sin_cache
 from engine.request import Request
 from engine.sampler import SamplingBatch, sample
 from engine.scheduler import SchedulerOutput
+from engine.spec_draft import DraftProposer
+from engine.spec_verify import verify
 
 
 @dataclass(slots=True)
@@ -48,13 +50,23 @@ class ModelRunner:
         self.model = build_model(model_config, dtype, device, checkpoint, config.seed)
         self.cos_sin = cos_sin_cache(model_config, max_model_len, device)
         self.max_model_len = max_model_len
+        # The draft model's weights load before the pool is sized, so the budget sees them.
+        self.draft: DraftProposer | None = None
+        if config.speculative_method == "draft":
+            self.draft = DraftProposer(
+                config.draft_model, model_config, self.block_size, device, dtype,
+                max_model_len, config.seed,
+            )  # fmt: skip
         activation_peak = self._profile_activation_peak() if device.type == "cuda" else 0
         self.num_blocks = num_blocks_from_budget(
-            config, model_config, dtype, device, activation_peak
-        )
+            config, model_config, dtype, device, activation_peak,
+            self.draft.bytes_per_block() if self.draft is not None else 0,
+        )  # fmt: skip
         self.kv_caches = allocate_kv_caches(
             model_config, self.num_blocks, self.block_size, dtype, device
         )
+        if self.draft is not None:
+            self.draft.allocate(self.num_blocks)
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
         self.batch_builder = BatchBuilder(self.block_size, device)
@@ -65,15 +77,18 @@ class ModelRunner:
     # -- the step ------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list[int]:
+    def execute(self, out: SchedulerOutput) -> list:
+        """One entry per sampling request: a token id, or (when the batch verifies drafts) a
+        list of accepted drafts + one target token."""
         t0 = time.perf_counter()
         if self.step_events is not None:
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
         batch = self.batch_builder.prepare(out)
-        sampling = self._sampling_batch(batch.sampling_requests)
+        sampling = self._sampling_batch(batch.sampling_requests, batch.has_drafts)
         t1 = time.perf_counter()
         meta = batch.meta
+        # Steps with drafts are never pure decode (num_decodes < num_seqs): they run eager.
         if self.graphs is not None and self.graphs.can_run(
             len(out.requests), out.num_decodes, meta.block_tables.shape[1]
         ):
@@ -83,23 +98,36 @@ class ModelRunner:
                 batch.input_ids, batch.positions, meta, self.kv_caches, self.cos_sin
             )
             logits = self.model.compute_logits(hidden[batch.logits_indices])
+        if self.draft is not None:
+            self.draft.forward(batch.input_ids, batch.positions, meta)
         t2 = time.perf_counter()
-        sampled = sample(logits, sampling) if sampling is not None else None
-        if self.step_events is not None:
+        if batch.has_drafts:
+            vocab = self.model_config.vocab_size
+            # verify() ends in the step's one D2H copy.
+            result = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
+            self._record_end(start_event if self.step_events is not None else None)
+        else:
+            sampled = sample(logits, sampling) if sampling is not None else None
+            self._record_end(start_event if self.step_events is not None else None)
+            result = sampled.tolist() if sampled is not None else []  # the one D2H copy
+        t3 = time.perf_counter()
+        self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
+        return result
+
+    def _record_end(self, start_event) -> None:
+        if start_event is not None:
             end_event = torch.cuda.Event(enable_timing=True)
             end_event.record()
             self.step_events.append((start_event, end_event))
-        token_ids = sampled.tolist() if sampled is not None else []  # the one D2H copy
-        t3 = time.perf_counter()
-        self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
-        return token_ids
 
-    def _sampling_batch(self, requests: list[Request]) -> SamplingBatch | None:
+    def _sampling_batch(self, requests: list[Request], has_drafts: bool) -> SamplingBatch | None:
         if not requests:
             return None
         for r in requests:
             if r.generator is None and r.params.seed is not None and not r.params.greedy:
                 r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
+        if has_drafts:
+            return None  # spec_verify builds its own per-row batch
         vocab = self.model_config.vocab_size
         return SamplingBatch.from_requests(requests, vocab, self.device, self.eos_token_ids)
 

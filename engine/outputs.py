@@ -10,6 +10,9 @@ class RequestUsage:
     cached_tokens: int
     completion_tokens: int
     preemptions: int
+    # Speculative decoding: draft tokens proposed for this request and, of those, accepted.
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -64,3 +67,6 @@ class EngineStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    # Engine totals (vllm:spec_decode_num_draft_tokens / vllm:spec_decode_num_accepted_tokens).
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0

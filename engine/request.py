@@ -57,6 +57,14 @@ class Request:
         "params",
         "priority",
         "request_id",
+        "spec_acceptance",
+        "spec_accepted",
+        "spec_draft_probs",
+        "spec_generator",
+        "spec_idle_steps",
+        "spec_proposed",
+        "spec_slots",
+        "spec_token_ids",
         "status",
         "token_ids",
     )
@@ -97,6 +105,16 @@ class Request:
         self.error: str | None = None
         self.generator: Any = None  # torch.Generator for seeded sampling, made by the runner
         self.detokenizer: Any = None
+        # Speculative decoding. Drafts are scheduled and scored but never part of token_ids:
+        # only verified tokens are appended, so block hashes never cover a rejected token.
+        self.spec_slots = 0  # draft slots wanted (set by the policy) / granted (by the scheduler)
+        self.spec_token_ids: list[int] = []  # this step's drafts, at positions num_tokens, ...
+        self.spec_draft_probs: Any = None  # [len(drafts), vocab] draft distribution; None = argmax
+        self.spec_acceptance = 1.0  # EMA of the per-step acceptance rate (optimistic start)
+        self.spec_idle_steps = 0  # steps since drafting was switched off by low acceptance
+        self.spec_proposed = 0
+        self.spec_accepted = 0
+        self.spec_generator: Any = None  # the draft model's own seeded generator
 
     @property
     def num_tokens(self) -> int:

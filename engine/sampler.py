@@ -30,7 +30,10 @@ class SamplingBatch:
         vocab_size: int,
         device: torch.device,
         eos_ids: tuple[int, ...],
+        num_prior_tokens: list[int] | None = None,
     ) -> SamplingBatch:
+        # `requests` is per row; a request verifying drafts has one row per position, and
+        # num_prior_tokens[row] says how many of its output tokens precede that row's token.
         temps, top_ks, top_ps, gens = [], [], [], []
         banned_rows: list[int] = []
         banned_tokens: list[int] = []
@@ -41,7 +44,8 @@ class SamplingBatch:
             top_ks.append(p.top_k if p.top_k > 0 else vocab_size)
             top_ps.append(p.top_p)
             gens.append(None if greedy else r.generator)
-            if r.num_output_tokens < p.min_tokens:
+            prior = num_prior_tokens[row] if num_prior_tokens is not None else 0
+            if r.num_output_tokens + prior < p.min_tokens:
                 ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
                 ids = [t for t in ids if 0 <= t < vocab_size]
                 banned_rows += [row] * len(ids)
@@ -78,10 +82,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.all_greedy:
         return greedy_tokens
     temps = batch.temperature
-    scaled = logits / torch.where(temps > 0, temps, 1.0).unsqueeze(1)
-    if batch.needs_top_k or batch.needs_top_p:
-        scaled = _mask_top_k_top_p(scaled, batch)
-    probs = torch.softmax(scaled, dim=-1)
+    probs = target_probs(logits, batch)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Each seeded row draws its
     # noise from its own generator, so its tokens do not depend on the rest of the batch.
     noise = torch.empty_like(probs).exponential_()
@@ -90,6 +91,16 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
             noise[row].exponential_(generator=gen)
     sampled = (probs / noise).argmax(dim=-1)
     return torch.where(temps > 0, sampled, greedy_tokens)
+
+
+def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The distribution a non-greedy row samples from: temperature, top-k, top-p applied.
+    logits: [num_rows, vocab] (bans already applied) → probs [num_rows, vocab] float32."""
+    temps = batch.temperature
+    scaled = logits / torch.where(temps > 0, temps, 1.0).unsqueeze(1)
+    if batch.needs_top_k or batch.needs_top_p:
+        scaled = _mask_top_k_top_p(scaled, batch)
+    return torch.softmax(scaled, dim=-1)
 
 
 def _mask_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -20,6 +20,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True  # False: token ids only (no text, no stop strings), as benchmarks do
+    # Speculative decoding for this request: None → the engine's default (on when the engine has
+    # a proposer), False → never, True → whenever the engine has a proposer.
+    speculative: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

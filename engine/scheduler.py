@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.request import Priority, Request, RequestStatus
+from engine.spec_policy import observe_acceptance
 
 
 @dataclass(slots=True)
@@ -58,6 +59,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.num_preemptions = 0
         self._admissions = 0
+        self.num_spec_draft_tokens = 0  # engine totals, for metrics
+        self.num_spec_accepted_tokens = 0
 
     # -- queue management ----------------------------------------------------------------
 
@@ -105,7 +108,18 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_pending = request.num_tokens - request.num_computed_tokens
+            num_new = min(num_pending, budget)
+            # Draft slots (speculative decoding) only for decodes, only from leftover budget,
+            # and never at the cost of a preemption: without room they are simply dropped.
+            num_drafts = min(request.spec_slots, budget - 1) if num_pending == 1 else 0
+            if num_drafts > 0 and self.block_manager.allocate_slots(request, 1 + num_drafts):
+                request.spec_slots = num_drafts
+                scheduled[request] = 1 + num_drafts
+                budget -= 1 + num_drafts
+                i += 1
+                continue
+            _clear_drafts(request)
             while not self.block_manager.allocate_slots(request, num_new):
                 if len(self.running) == 1:
                     self._fail_unfittable(request, out)
@@ -123,16 +137,38 @@ class Scheduler:
         if out.num_preempted == 0:
             budget = self._admit_waiting(budget, scheduled, out)
 
-        # Decodes first; dict order keeps the priority order within each group.
-        items = sorted(scheduled.items(), key=lambda kv: kv[1] != 1)
-        out.requests = [r for r, _ in items]
-        out.num_new_tokens = [n for _, n in items]
-        out.num_decodes = sum(1 for _, n in items if n == 1)
+        self._order(out, scheduled.items())
         now = time.time()
         for request in out.requests:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         return out
+
+    @staticmethod
+    def _order(out: SchedulerOutput, items) -> None:
+        # Decodes first; the stable sort keeps the priority order within each group.
+        items = sorted(items, key=lambda kv: kv[1] != 1)
+        out.requests = [r for r, _ in items]
+        out.num_new_tokens = [n for _, n in items]
+        out.num_decodes = sum(1 for _, n in items if n == 1)
+
+    def apply_drafts(self, out: SchedulerOutput) -> None:
+        """After the proposer filled `spec_token_ids` (at most `spec_slots` each): shrink each
+        request's share to 1 + its real drafts and re-sort. Budget a proposer left unused stays
+        unused this step; blocks reserved for it are trimmed after the step."""
+        items = []
+        for request, n in zip(out.requests, out.num_new_tokens):
+            if request.spec_slots:
+                del request.spec_token_ids[request.spec_slots :]
+                n = 1 + len(request.spec_token_ids)
+            elif request.spec_token_ids:  # proposed before scheduling but granted no slots
+                _clear_drafts(request)
+            items.append((request, n))
+        self._order(out, items)
+        scheduled = set(out.requests)
+        for request in self.running:  # left out of this step altogether (budget ran out)
+            if request not in scheduled and request.spec_token_ids:
+                _clear_drafts(request)
 
     def _admit_waiting(
         self, budget: int, scheduled: dict[Request, int], out: SchedulerOutput
@@ -164,6 +200,7 @@ class Scheduler:
                 if request.num_preemptions == 0:
                     request.num_cached_tokens = num_computed
                 request.status = RequestStatus.RUNNING
+                request.spec_slots = 0
                 request.admitted_seq = self._admissions
                 self._admissions += 1
                 self.running.append(request)
@@ -197,6 +234,7 @@ class Scheduler:
             return
         self.running.remove(request)
         self.block_manager.free(request)
+        _clear_drafts(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         self.waiting[request.priority].appendleft(request)
@@ -213,26 +251,52 @@ class Scheduler:
 
     # -- after the forward pass ----------------------------------------------------------
 
-    def update_from_output(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
-        """Advance computed counts and append sampled tokens (one per request whose scheduled
-        tokens reached the end of its token list). Returns requests that got a new token."""
+    def update_from_output(self, out: SchedulerOutput, sampled: list) -> list[Request]:
+        """Advance computed counts and append sampled tokens, for each request whose scheduled
+        tokens reached the end of its token list. `sampled` has one entry per such request: a
+        token id, or a list (verified drafts + the bonus token) when the step speculated.
+        Returns requests that got new tokens."""
         advanced: list[Request] = []
         k = 0
         now = time.time()
+        bm = self.block_manager
         for request, num_new in zip(out.requests, out.num_new_tokens):
-            request.num_computed_tokens += num_new
-            if request.num_computed_tokens == request.num_tokens:
-                token = sampled[k]
-                k += 1
+            drafts = request.spec_token_ids
+            request.num_computed_tokens += num_new - len(drafts)
+            if request.num_computed_tokens != request.num_tokens:
+                bm.cache_full_blocks(request)
+                continue
+            tokens = sampled[k]
+            k += 1
+            if isinstance(tokens, int):
+                tokens = [tokens]
+            if drafts:
+                # tokens = the accepted drafts + one bonus token. The accepted drafts' K/V were
+                # written by this very pass over exactly the committed context; the bonus
+                # token's K/V come next step, like any decode's. Slots past that hold rejected
+                # drafts' K/V: beyond num_computed_tokens, so never read and later overwritten.
+                num_accepted = len(tokens) - 1
+                request.num_computed_tokens += num_accepted
+                request.spec_proposed += len(drafts)
+                request.spec_accepted += num_accepted
+                self.num_spec_draft_tokens += len(drafts)
+                self.num_spec_accepted_tokens += num_accepted
+                observe_acceptance(request, len(drafts), num_accepted)
+                _clear_drafts(request)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            advanced.append(request)
+            reason = None
+            for token in tokens:  # exactly as token-by-token decoding would stop
                 request.token_ids.append(token)
-                if request.first_token_time is None:
-                    request.first_token_time = now
-                advanced.append(request)
                 reason = self._stop_reason(request, token)
                 if reason is not None:
-                    self.finish(request, reason)
-                    continue
-            self.block_manager.cache_full_blocks(request)
+                    break
+            if reason is not None:
+                self.finish(request, reason)
+                continue
+            bm.trim(request, request.num_tokens)
+            bm.cache_full_blocks(request)
         return advanced
 
     def _stop_reason(self, request: Request, token: int) -> str | None:
@@ -246,3 +310,9 @@ class Scheduler:
         if num_out >= request.max_tokens:
             return "length"
         return None
+
+
+def _clear_drafts(request: Request) -> None:
+    request.spec_token_ids = []
+    request.spec_draft_probs = None
+    request.spec_slots = 0

@@ -1,0 +1,153 @@
+# Draft-model proposer: a smaller model of the same vocabulary proposes k tokens
+# autoregressively; the target verifies them in one pass (spec_verify.py).
+#
+# KV layout: the draft has its OWN cache tensor with the target's block_size and num_blocks,
+# and uses the target's block ids, block tables and slot mapping. A token's draft K/V therefore
+# live at the same slot as its target K/V, in the other tensor; the pool is sized for both
+# (kv_cache.num_blocks_from_budget gets the draft's bytes per block).
+# Sync invariant: the draft runs over every batch the target runs (prefill chunks, decodes,
+# verification rows), so wherever the target has committed K/V (including blocks shared
+# through the prefix cache, or recomputed after preemption) the draft has it too.
+# Proposing (after scheduling, when the slots exist): pass j feeds one token per request at
+# position num_tokens - 1 + j (the pending token, then the drafts so far). Its K/V writes
+# land at or past num_computed_tokens, in the request's own unpublished blocks, where the
+# target's next pass overwrites them anyway. The passes chain on the device; the drafts cross
+# to the host in one copy at the end.
+# Steps that run the draft are eager: the decode CUDA graphs capture the target alone.
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.kv_cache import allocate_kv_caches, bytes_per_block
+from engine.models.config import PRESETS, ModelConfig, resolve_model_config
+from engine.models.loader import build_model
+from engine.models.rope import cos_sin_cache
+from engine.request import Request
+
+
+class DraftProposer:
+    def __init__(
+        self,
+        draft_model: str,
+        target_config: ModelConfig,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        seed: int,
+    ) -> None:
+        self.model_config = resolve_model_config(draft_model)
+        if self.model_config.vocab_size != target_config.vocab_size:
+            raise ValueError(
+                f"draft model vocabulary ({self.model_config.vocab_size}) differs from the "
+                f"target's ({target_config.vocab_size}); drafts must be target token ids"
+            )
+        checkpoint = None if str(draft_model) in PRESETS else Path(draft_model)
+        self.model = build_model(self.model_config, dtype, device, checkpoint, seed)
+        self.cos_sin = cos_sin_cache(self.model_config, max_model_len, device)
+        self.block_size = block_size
+        self.device = device
+        self.dtype = dtype
+        self.kv_caches: torch.Tensor | None = None
+        # Bench/test hook: each draft token is replaced by a random other token with this
+        # probability, to dial in an acceptance rate (a draft equal to the target accepts ~all).
+        self.corrupt_fraction = 0.0
+        self._rng = np.random.default_rng(seed)
+
+    def bytes_per_block(self) -> int:
+        return bytes_per_block(self.model_config, self.block_size, self.dtype)
+
+    def allocate(self, num_blocks: int) -> None:
+        self.kv_caches = allocate_kv_caches(
+            self.model_config, num_blocks, self.block_size, self.dtype, self.device
+        )
+
+    @torch.inference_mode()
+    def forward(self, input_ids, positions, meta: AttentionMetadata) -> None:
+        """Write the draft's K/V for the target's batch (the sync invariant)."""
+        self.model(input_ids, positions, meta, self.kv_caches, self.cos_sin)
+
+    def plan(self, requests: list[Request]) -> None:
+        pass  # needs the slots the scheduler reserves: proposes in propose()
+
+    @torch.inference_mode()
+    def propose(self, requests: list[Request]) -> None:
+        """requests: decodes granted spec_slots draft slots each; fills spec_token_ids (and
+        spec_draft_probs for sampled requests)."""
+        bs, dev = self.block_size, self.device
+        n = len(requests)
+        num_slots = [r.spec_slots for r in requests]
+        k = max(num_slots)
+        width = max(len(r.block_ids) for r in requests)
+        tables = np.zeros((n, width), dtype=np.int32)
+        for i, r in enumerate(requests):
+            tables[i, : len(r.block_ids)] = r.block_ids
+        block_tables = torch.from_numpy(tables).to(dev)  # [n, width]
+        last_pos = torch.tensor([r.num_tokens - 1 for r in requests], device=dev)  # [n]
+        limit = torch.tensor(num_slots, device=dev)
+        ids = torch.tensor([r.token_ids[-1] for r in requests], device=dev)  # [n]
+        query_start = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        max_seq_len = max(r.num_tokens for r in requests) + k
+        sampled_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
+        temps = torch.tensor(
+            [requests[i].params.temperature for i in sampled_rows], device=dev
+        ).unsqueeze(1)
+        for i in sampled_rows:
+            r = requests[i]
+            if r.spec_generator is None and r.params.seed is not None:
+                seed = (r.params.seed + 1) % 2**63  # not the target's stream
+                r.spec_generator = torch.Generator(device=dev).manual_seed(seed)
+        drafts: list[torch.Tensor] = []  # k × [n]
+        probs: list[torch.Tensor] = []  # k × [len(sampled_rows), vocab]
+        for j in range(k):
+            # Rows past their own slot count idle at their last real position, writing nothing.
+            active = j < limit
+            pos = torch.where(active, last_pos + j, last_pos)
+            block = block_tables.gather(1, (pos // bs).unsqueeze(1).to(torch.int64)).squeeze(1)
+            slots = torch.where(active, block.long() * bs + pos % bs, -1)
+            meta = AttentionMetadata(
+                slot_mapping=slots, block_tables=block_tables,
+                seq_lens=(pos + 1).to(torch.int32), query_start_loc=query_start,
+                num_decodes=n, max_query_len=1, max_seq_len=max_seq_len,
+                max_decode_seq_len=max_seq_len,
+            )  # fmt: skip
+            hidden = self.model(ids, pos, meta, self.kv_caches, self.cos_sin)
+            logits = self.model.compute_logits(hidden)  # [n, vocab]
+            ids = logits.argmax(dim=-1)
+            if sampled_rows:
+                # Sampled requests draw from the draft's own tempered distribution q, which
+                # the verifier needs for the acceptance ratio p/q.
+                q = torch.softmax(logits[sampled_rows] / temps, dim=-1)
+                noise = torch.empty_like(q).exponential_()
+                for row, i in enumerate(sampled_rows):
+                    gen = requests[i].spec_generator
+                    if gen is not None:
+                        noise[row].exponential_(generator=gen)
+                ids = ids.index_copy(0, torch.tensor(sampled_rows, device=dev),
+                                     (q / noise).argmax(dim=-1))  # fmt: skip
+                probs.append(q)
+            drafts.append(ids)
+        table = torch.stack(drafts, dim=1).tolist()  # [n, k]: the one D2H copy
+        q_all = torch.stack(probs, dim=1) if probs else None  # [len(sampled_rows), k, vocab]
+        for i, r in enumerate(requests):
+            r.spec_token_ids = table[i][: num_slots[i]]
+        for row, i in enumerate(sampled_rows):
+            requests[i].spec_draft_probs = q_all[row, : num_slots[i]]
+        if self.corrupt_fraction > 0:
+            self._corrupt(requests)
+
+    def _corrupt(self, requests: list[Request]) -> None:
+        vocab = self.model_config.vocab_size
+        for r in requests:
+            hit = self._rng.random(len(r.spec_token_ids)) < self.corrupt_fraction
+            if hit.any():
+                shift = self._rng.integers(1, vocab, size=len(r.spec_token_ids))
+                r.spec_token_ids = [
+                    (t + int(s)) % vocab if h else t
+                    for t, h, s in zip(r.spec_token_ids, hit, shift)
+                ]
+                r.spec_draft_probs = None  # q no longer describes them: verify as point masses

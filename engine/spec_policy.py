@@ -1,0 +1,84 @@
+# Speculative decoding policy: who drafts, and how many tokens, each step.
+#
+# The rule (also in docs/speculative.md), evaluated before every schedule():
+#   1. Off unless the engine has a proposer (EngineConfig.speculative_method) and the request
+#      did not opt out (SamplingParams.speculative=False). None and True both mean "on".
+#   2. Only decodes draft (requests with exactly one pending token); prefill chunks never do.
+#   3. Batch gate: with B running decodes, B > spec_max_batch_size → nobody drafts this step
+#      (verification costs compute a saturated GPU does not have); B > spec_max_batch_size / 2
+#      → k is halved (at least 1).
+#   4. Acceptance: each request keeps an EMA of its per-step acceptance rate (accepted /
+#      proposed, weight ALPHA on the newest step, starting optimistic at 1.0) and drafts
+#      ceil(k * EMA) tokens (at least 1). Below spec_min_acceptance it stops drafting, but
+#      probes with one draft token every PROBE_INTERVAL steps so a request whose text turns
+#      repetitive can come back.
+#   5. Never more drafts than max_tokens leaves room for: the step also emits a bonus token.
+# Drafts then compete for the step's token budget like prefill chunks; the scheduler grants
+# them only from budget and KV blocks left over, never by preempting anyone.
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig
+from engine.request import Request
+
+if TYPE_CHECKING:  # the scheduler imports this module
+    from engine.scheduler import SchedulerOutput
+
+ALPHA = 0.3
+PROBE_INTERVAL = 16
+
+
+def observe_acceptance(request: Request, num_proposed: int, num_accepted: int) -> None:
+    rate = num_accepted / num_proposed
+    request.spec_acceptance = (1.0 - ALPHA) * request.spec_acceptance + ALPHA * rate
+
+
+class Speculator:
+    def __init__(self, config: EngineConfig, proposer) -> None:
+        self.k = config.num_speculative_tokens
+        self.max_batch_size = config.spec_max_batch_size
+        self.min_acceptance = config.spec_min_acceptance
+        self.proposer = proposer
+        self.num_steps_gated = 0  # steps where the batch gate switched speculation off
+
+    def num_drafts_for(self, request: Request, k: int) -> int:
+        if request.params.speculative is False:
+            return 0
+        room = request.max_tokens - request.num_output_tokens - 1
+        if room <= 0:
+            return 0
+        if request.spec_acceptance < self.min_acceptance:
+            request.spec_idle_steps += 1
+            return 1 if request.spec_idle_steps % PROBE_INTERVAL == 0 else 0
+        request.spec_idle_steps = 0
+        return min(room, max(1, math.ceil(k * request.spec_acceptance)))
+
+    def plan(self, running: list[Request]) -> None:
+        """Before scheduling: set spec_slots (the drafts each request wants)."""
+        decoding = []
+        for r in running:
+            r.spec_slots = 0
+            r.spec_token_ids = []
+            r.spec_draft_probs = None
+            if r.num_tokens - r.num_computed_tokens == 1:
+                decoding.append(r)
+        if len(decoding) > self.max_batch_size:
+            self.num_steps_gated += 1
+            return
+        k = self.k if 2 * len(decoding) <= self.max_batch_size else max(1, self.k // 2)
+        chosen = []
+        for r in decoding:
+            r.spec_slots = self.num_drafts_for(r, k)
+            if r.spec_slots:
+                chosen.append(r)
+        if chosen:
+            self.proposer.plan(chosen)
+
+    def propose(self, out: SchedulerOutput) -> None:
+        """After scheduling: fill spec_token_ids for requests granted slots (the draft model
+        needs those slots for its own K/V)."""
+        granted = [r for r in out.requests if r.spec_slots]
+        if granted:
+            self.proposer.propose(granted)
