@@ -1,6 +1,6 @@
 # Bearer key → principal (tenant + key). Keys are verified against their hash in Postgres and
-# trusted for `api_key_cache_s` afterwards, so the hot path does no database read. The tenancy
-# work replaces `find_principal` behind this seam (limits, revocation, admin keys).
+# trusted for `api_key_cache_s` afterwards, so the hot path does no database read: a revoked key
+# or changed limits take effect within that time. A verification stamps the key's last_used_at.
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,11 @@ import time
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.errors import APIError
-from metering.keys import Principal, find_principal, hash_key
+from metering.keys import Principal, find_principal, hash_key, touch_key
+
+
+def forbidden(message: str) -> APIError:
+    return APIError(403, message, code="admin_key_required")
 
 
 def unauthorized(message: str) -> APIError:
@@ -28,8 +32,11 @@ class KeyVerifier:
         self._cache: dict[str, tuple[Principal, float]] = {}  # key hash → (principal, expiry)
 
     def _lookup(self, key: str) -> Principal | None:
-        with self._sessions() as session:
-            return find_principal(session, key)
+        with self._sessions() as session, session.begin():
+            principal = find_principal(session, key)
+            if principal is not None:
+                touch_key(session, principal.key_id)
+            return principal
 
     async def verify(self, authorization: str | None) -> Principal:
         scheme, _, key = (authorization or "").partition(" ")

@@ -13,10 +13,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api.admission import enqueue, publish_cancel
-from api.errors import event_error
+from api.errors import APIError, event_error
+from api.limits import release, reserve
 from api.relay import relay_events
 from api.schemas.sampling import Usage
 from api.state import AppState
+from metering.keys import Principal
 from workers import protocol as p
 
 
@@ -48,9 +50,16 @@ async def generate(
     *,
     stream: bool,
     include_usage: bool,
+    principal: Principal,
 ) -> Response:
-    await enqueue(state.redis, state, queued)
-    headers = {"x-request-id": queued.request_id}
+    # Limits first (429 with x-ratelimit-* headers), then the queue; both before any byte.
+    headers = await reserve(state, principal, queued)
+    try:
+        await enqueue(state.redis, state, queued)
+    except APIError:
+        await release(state, queued)
+        raise
+    headers["x-request-id"] = queued.request_id
     if stream:
         body = _stream(state, queued.request_id, fmt, include_usage)
         headers["cache-control"] = "no-cache"

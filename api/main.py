@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from api import errors
 from api.auth import KeyVerifier
-from api.routes import chat, completions, health, internal, models
+from api.routes import admin, chat, completions, health, internal, models, usage
 from api.schemas.models import ModelCard
 from api.state import AppState
 from engine.tokenizer import Tokenizer
@@ -46,6 +46,6 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
 
     app = FastAPI(title="fleetlm", lifespan=lifespan)
     errors.install(app)
-    for module in (chat, completions, models, health, internal):
+    for module in (chat, completions, models, usage, admin, health, internal):
         app.include_router(module.router)
     return app

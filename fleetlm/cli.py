@@ -15,6 +15,10 @@ SUBCOMMANDS = {
     "api": "fleetlm.api_cmd",
     "worker": "fleetlm.worker_cmd",
     "migrate": "fleetlm.migrate_cmd",
+    "metering": "fleetlm.metering_cmd",
+    "tenants": "fleetlm.tenants_cmd",
+    "prices": "fleetlm.prices_cmd",
+    "usage": "fleetlm.usage_cmd",
 }
 
 

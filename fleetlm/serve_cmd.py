@@ -1,7 +1,8 @@
 # `fleetlm serve`: everything on one machine. Starts embedded Redis/Postgres when no URL is set,
-# applies the migrations, ensures a demo tenant key, then supervises the API and one worker per
-# visible GPU (one CPU worker when none), restarting a child that dies. Ctrl-C / SIGTERM stops
-# the children (API first, then workers), then the embedded services.
+# applies the migrations, ensures a demo tenant key and an admin key, then supervises the API, one
+# worker per visible GPU (one CPU worker when none) and the metering writer, restarting a child
+# that dies. Ctrl-C / SIGTERM stops the children (API first, then workers, then the writer), then
+# the embedded services.
 from __future__ import annotations
 
 import argparse
@@ -41,20 +42,24 @@ def count_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def ensure_demo_key(database_url: str, data_dir: Path) -> str:
-    """The demo tenant's key: the one in <data-dir>/demo-key while it is still valid."""
+def ensure_demo_key(
+    database_url: str, data_dir: Path, *, tenant: str = "demo", admin: bool = False
+) -> str:
+    """The demo tenant's key (or the operator's admin key): the one in <data-dir>/<tenant>-key
+    while it is still valid."""
     from metering.db import make_engine, make_sessionmaker, transaction
     from metering.keys import create_api_key, find_principal, get_or_create_tenant
 
-    path = data_dir / "demo-key"
+    path = data_dir / f"{tenant}-key"
     engine = make_engine(database_url)
     try:
         with transaction(make_sessionmaker(engine)) as session:
             if path.exists():
                 key = path.read_text().strip()
-                if find_principal(session, key) is not None:
+                found = find_principal(session, key)
+                if found is not None and found.is_admin == admin:
                     return key
-            key = create_api_key(session, get_or_create_tenant(session, "demo"))
+            key = create_api_key(session, get_or_create_tenant(session, tenant), admin=admin)
     finally:
         engine.dispose()
     path.write_text(key + "\n")
@@ -134,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         database_url = settings.database_url or services.database_url
         upgrade(database_url)
         key = ensure_demo_key(database_url, data_dir)
+        ensure_demo_key(database_url, data_dir, tenant="operator", admin=True)
 
         env = child_env(redis_url, database_url)
         env.update(
@@ -151,12 +157,15 @@ def run(args: argparse.Namespace) -> int:
             if num_gpus:
                 worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
             children.append(Child(f"worker-{i}", [*cli, "worker"], worker_env))
+        # Last, so it stops last: it writes the records the stopping workers emit.
+        children.append(Child("metering", [*cli, "metering"], env))
         for child in children:
             child.start()
         base = f"http://{settings.host}:{settings.port}"
         _wait_healthy(base, children[0], timeout_s=120)
         print(f"fleetlm: serving {settings.model_name} at {base}/v1", flush=True)
         print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
+        print(f"fleetlm: admin key in {data_dir / 'operator-key'}", flush=True)
         print(f"fleetlm: {num_workers} worker(s); Ctrl-C stops everything", flush=True)
 
         while not stopping:
@@ -179,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for child in children:  # API first: no new work, then the workers
+        for child in children:  # API first: no new work, then workers, writer
             child.stop(timeout_s=15)
         services.stop()
         print("fleetlm: stopped", flush=True)

@@ -42,6 +42,14 @@ class Settings(BaseSettings):
     redis_max_connections: int = 4096  # per API process; each open request holds one
     relay_poll_s: float = 0.5  # how often a waiting relay checks its worker's heartbeat
     api_key_cache_s: float = 10.0  # how long a verified API key is trusted without a DB read
+    limit_lease_s: float = 3600.0  # a concurrency slot not released by then frees itself
+
+    # -- metering --------------------------------------------------------------------------
+    metering_batch_size: int = 500  # records per INSERT / transaction
+    metering_claim_idle_s: float = 30.0  # a writer's pending records idle this long are taken
+    metering_retain_s: float = 3600.0  # acknowledged records stay on the stream this long
+    metering_retry_s: float = 1.0  # back-off while Postgres is unreachable
+    busy_interval_s: int = 60  # workers report busy time per interval of this length
 
     # -- workers ---------------------------------------------------------------------------
     heartbeat_interval_s: float = 1.0

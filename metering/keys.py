@@ -4,12 +4,14 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from metering.models import ApiKey, Tenant
+from metering.models import ApiKey, Tenant, TenantLimit
+from metering.ratelimit import ClassLimit
 
 KEY_PREFIX = "flm-"
 
@@ -27,18 +29,33 @@ class Principal:
     tenant_id: uuid.UUID
     tenant_name: str
     key_id: uuid.UUID
+    is_admin: bool = False
+    limits: dict[str, ClassLimit] = field(default_factory=dict)  # class → limit; absent: none
+
+    def limit(self, priority: str) -> ClassLimit:
+        return self.limits.get(priority, ClassLimit())
 
 
 def find_principal(session: Session, key: str) -> Principal | None:
     row = session.execute(
-        select(ApiKey.id, Tenant.id, Tenant.name)
+        select(ApiKey.id, ApiKey.is_admin, Tenant.id, Tenant.name)
         .join(Tenant, ApiKey.tenant_id == Tenant.id)
         .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
     ).first()
     if row is None:
         return None
-    key_id, tenant_id, tenant_name = row
-    return Principal(tenant_id=tenant_id, tenant_name=tenant_name, key_id=key_id)
+    key_id, is_admin, tenant_id, tenant_name = row
+    limits = {
+        lim.priority: ClassLimit(lim.max_concurrency, lim.tokens_per_minute)
+        for lim in session.scalars(select(TenantLimit).where(TenantLimit.tenant_id == tenant_id))
+    }
+    return Principal(tenant_id, tenant_name, key_id, is_admin, limits)
+
+
+def touch_key(session: Session, key_id: uuid.UUID) -> None:
+    session.execute(
+        update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=datetime.now(UTC))
+    )
 
 
 def get_or_create_tenant(session: Session, name: str) -> Tenant:
@@ -50,9 +67,11 @@ def get_or_create_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
-def create_api_key(session: Session, tenant: Tenant) -> str:
+def create_api_key(session: Session, tenant: Tenant, *, admin: bool = False) -> str:
     """Returns the plaintext key; only its hash is stored."""
     key = new_key()
-    session.add(ApiKey(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10]))
+    session.add(
+        ApiKey(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10], is_admin=admin)
+    )
     session.flush()
     return key

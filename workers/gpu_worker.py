@@ -20,8 +20,9 @@ import redis
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from fleetlm.settings import Settings
+from metering.ratelimit import release_call
 from workers import protocol as p
-from workers.usage import usage_record
+from workers.usage import BusyMeter, usage_record
 
 log = logging.getLogger("fleetlm.worker")
 
@@ -75,6 +76,7 @@ class GpuWorker:
         self._last_reclaim = 0.0
         self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
         self._dead_after_ms = int(settings.worker_dead_after_s * 1000)
+        self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -92,7 +94,9 @@ class GpuWorker:
             while not self.stopping.is_set():
                 deltas = []
                 if self.engine.has_unfinished():
+                    started = time.perf_counter()
                     deltas = self.engine.step()
+                    self.busy.add(time.perf_counter() - started)
                     self.num_steps += 1
                 self._exchange(deltas)
         finally:
@@ -132,6 +136,9 @@ class GpuWorker:
                 pipe.xadd(f.queue, {"r": f.req.encode()})
                 pipe.xack(f.queue, p.GROUP, f.entry_id)
                 pipe.xdel(f.queue, f.entry_id)
+        busy = self.busy.flush()
+        if busy is not None:
+            pipe.xadd(p.METERING_STREAM, busy)
         pipe.delete(p.alive_key(self.worker_id), p.stats_key(self.worker_id))
         pipe.srem(p.WORKERS_SET, self.worker_id)
         try:
@@ -148,6 +155,9 @@ class GpuWorker:
         for f, event in self._failed:
             self._finish(pipe, f, event)
         self._failed.clear()
+        busy = self.busy.due()
+        if busy is not None:
+            pipe.xadd(p.METERING_STREAM, busy)
 
         ids = list(self.inflight)
         at_cancels = len(pipe)
@@ -310,7 +320,12 @@ class GpuWorker:
         key = p.output_key(req.request_id)
         pipe.xadd(key, p.encode_event(event))
         pipe.expire(key, self.settings.output_ttl_s)
-        pipe.xadd(p.METERING_STREAM, usage_record(f.req, event, delta, self.worker_id))
+        record = usage_record(f.req, event, delta, self.worker_id)
+        pipe.xadd(p.METERING_STREAM, record)
+        reservation = req.extra.get("reservation")
+        if reservation is not None:  # idempotent: releases the slot and refunds once
+            used = int(record["prompt_tokens"]) + int(record["completion_tokens"])
+            pipe.eval(*release_call(req.tenant_id, req.priority, req.request_id, reservation, used))
         pipe.xack(f.queue, p.GROUP, f.entry_id)
         pipe.xdel(f.queue, f.entry_id)
         with self._lock:

@@ -54,3 +54,40 @@ def usage_record(
         "error": event.get("message", "") if event["type"] == "error" else "",
     }
     return {k: str(record[k]) for k in p.USAGE_FIELDS}
+
+
+class BusyMeter:
+    """Seconds spent inside engine steps per aligned interval; one record per closed interval
+    (kind=worker_busy on fleetlm:metering), so GPU utilisation can be priced per worker."""
+
+    def __init__(self, worker_id: str, interval_s: int) -> None:
+        self.worker_id, self.interval_s = worker_id, max(1, interval_s)
+        self.start = self._aligned(time.time())
+        self.busy_s, self.num_steps = 0.0, 0
+
+    def _aligned(self, t: float) -> int:
+        return int(t // self.interval_s) * self.interval_s
+
+    def add(self, seconds: float) -> None:
+        self.busy_s += seconds
+        self.num_steps += 1
+
+    def due(self, now: float | None = None) -> dict[str, str] | None:
+        """The record of the interval that just closed, if one did (then a new one starts)."""
+        start = self._aligned(time.time() if now is None else now)
+        return self.flush(start) if start != self.start else None
+
+    def flush(self, next_start: int | None = None) -> dict[str, str] | None:
+        record = None
+        if self.num_steps:
+            record = {
+                "kind": "worker_busy",
+                "worker_id": self.worker_id,
+                "interval_start": str(self.start),
+                "interval_s": str(self.interval_s),
+                "busy_ms": str(round(self.busy_s * 1000)),
+                "num_steps": str(self.num_steps),
+            }
+        self.start = next_start if next_start is not None else self._aligned(time.time())
+        self.busy_s, self.num_steps = 0.0, 0
+        return record

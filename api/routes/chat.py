@@ -67,5 +67,11 @@ async def create_chat_completion(
     tier = "flex" if body.priority == "batch" else "default"
     fmt = ChatFormatter(request_id, body.model, tier)
     return await generate(
-        request, state, queued, fmt, stream=body.stream, include_usage=body.include_usage
+        request,
+        state,
+        queued,
+        fmt,
+        stream=body.stream,
+        include_usage=body.include_usage,
+        principal=principal,
     )

@@ -57,5 +57,11 @@ async def create_completion(
     queued = build_request(request_id, body, principal, "completions", prompt)
     fmt = CompletionFormatter(request_id, body.model)
     return await generate(
-        request, state, queued, fmt, stream=body.stream, include_usage=body.include_usage
+        request,
+        state,
+        queued,
+        fmt,
+        stream=body.stream,
+        include_usage=body.include_usage,
+        principal=principal,
     )

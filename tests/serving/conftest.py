@@ -79,6 +79,52 @@ class Server:
         urls = json.loads((self.data_dir / "services.json").read_text())
         return redis.Redis.from_url(urls["redis_url"], decode_responses=True)
 
+    @property
+    def admin_key(self) -> str:
+        return (self.data_dir / "operator-key").read_text().strip()
+
+    @property
+    def database_url(self) -> str:
+        return json.loads((self.data_dir / "services.json").read_text())["database_url"]
+
+    def cli(self, *args: str, timeout_s: float = 60) -> str:
+        """Runs `fleetlm ARGS --data-dir <this server's>`; returns stdout."""
+        out = subprocess.run(
+            [*CLI, *args, "--data-dir", str(self.data_dir)],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        assert out.returncode == 0, f"fleetlm {' '.join(args)}: {out.stderr}"
+        return out.stdout
+
+    def create_tenant(self, name: str, *limit_flags: str) -> str:
+        return json.loads(self.cli("tenants", "create", name, "--json", *limit_flags))["api_key"]
+
+    def query(self, sql: str, **params):
+        from sqlalchemy import text
+
+        from metering.db import make_engine
+
+        engine = make_engine(self.database_url)
+        try:
+            with engine.connect() as conn:
+                return conn.execute(text(sql), params).all()
+        finally:
+            engine.dispose()
+
+    def usage_rows(self, request_ids: list[str], timeout_s: float = 20.0) -> list:
+        """The usage_records rows of these requests, once the writer has written all of them."""
+        sql = "SELECT * FROM usage_records WHERE request_id = ANY(:ids)"
+
+        def all_written():
+            rows = self.query(sql, ids=list(request_ids))
+            return rows if len({r.request_id for r in rows}) == len(set(request_ids)) else None
+
+        return wait_until(all_written, timeout_s, "the usage rows", 0.2)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 
@@ -102,7 +148,7 @@ class Server:
 
         def find():
             for _, fields in client.xrange("fleetlm:metering"):
-                if fields["request_id"] == request_id:
+                if fields.get("request_id") == request_id:  # busy records have none
                     return fields
             return None
 

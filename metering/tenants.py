@@ -1,0 +1,111 @@
+# Tenant administration services (the `fleetlm tenants` CLI and admin endpoints). They never
+# commit: the caller's transaction does.
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from metering.keys import create_api_key
+from metering.models import ApiKey, Tenant, TenantLimit
+
+PRIORITIES = ("interactive", "batch")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRow:
+    tenant: str
+    priority: str
+    max_concurrency: int | None
+    tokens_per_minute: int | None
+
+
+class TenantError(ValueError):
+    pass
+
+
+def tenant_by_name(session: Session, name: str) -> Tenant:
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        raise TenantError(f"no tenant named {name!r}")
+    return tenant
+
+
+def create_tenant(session: Session, name: str, *, admin: bool = False) -> tuple[Tenant, str]:
+    if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
+        raise TenantError(f"tenant {name!r} already exists")
+    tenant = Tenant(name=name)
+    session.add(tenant)
+    session.flush()
+    return tenant, create_api_key(session, tenant, admin=admin)
+
+
+_UNSET = object()
+
+
+def set_limits(
+    session: Session,
+    tenant: Tenant,
+    priority: str,
+    *,
+    max_concurrency: int | object | None = _UNSET,
+    tokens_per_minute: int | object | None = _UNSET,
+) -> None:
+    """Sets the given fields (None: unlimited), leaving the others as they are."""
+    if priority not in PRIORITIES:
+        raise TenantError(f"class must be one of {PRIORITIES}")
+    values = {
+        k: v
+        for k, v in (("max_concurrency", max_concurrency), ("tokens_per_minute", tokens_per_minute))
+        if v is not _UNSET
+    }
+    if not values:
+        return
+    stmt = insert(TenantLimit).values(tenant_id=tenant.id, priority=priority, **values)
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["tenant_id", "priority"], set_={**values, "updated_at": func.now()}
+        )
+    )
+
+
+def list_limits(session: Session, name: str | None = None) -> list[LimitRow]:
+    query = select(Tenant.name, TenantLimit).join(TenantLimit, TenantLimit.tenant_id == Tenant.id)
+    if name is not None:
+        query = query.where(Tenant.name == name)
+    return [
+        LimitRow(t, lim.priority, lim.max_concurrency, lim.tokens_per_minute)
+        for t, lim in session.execute(query.order_by(Tenant.name, TenantLimit.priority))
+    ]
+
+
+def list_tenants(session: Session) -> list[dict]:
+    active = func.count(ApiKey.id).filter(ApiKey.revoked_at.is_(None))
+    rows = session.execute(
+        select(Tenant.name, Tenant.created_at, active)
+        .outerjoin(ApiKey, ApiKey.tenant_id == Tenant.id)
+        .group_by(Tenant.id)
+        .order_by(Tenant.name)
+    )
+    return [{"tenant": n, "created_at": c.isoformat(), "active_keys": k} for n, c, k in rows]
+
+
+def list_keys(session: Session, name: str) -> list[ApiKey]:
+    tenant = tenant_by_name(session, name)
+    return list(session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant.id)))
+
+
+def revoke_key(session: Session, prefix: str) -> int:
+    """Revokes the active keys whose visible prefix (or full id) matches; returns how many."""
+    matches = ApiKey.prefix == prefix
+    if len(prefix) == 36:
+        matches = matches | (func.cast(ApiKey.id, ApiKey.prefix.type) == prefix)
+    result = session.execute(
+        update(ApiKey)
+        .where(matches, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=datetime.now(UTC))
+    )
+    return result.rowcount
