@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,13 +14,18 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api.admission import enqueue, publish_cancel
+from api.drain import Drain
 from api.errors import APIError, event_error
 from api.limits import release, reserve
+from api.metrics import ADMISSIONS, REJECTIONS
 from api.relay import relay_events
 from api.schemas.sampling import Usage
 from api.state import AppState
+from fleetlm.logging_setup import request_id_var
 from metering.keys import Principal
 from workers import protocol as p
+
+log = logging.getLogger("fleetlm.api")
 
 
 class Formatter:
@@ -52,25 +58,49 @@ async def generate(
     include_usage: bool,
     principal: Principal,
 ) -> Response:
-    # Limits first (429 with x-ratelimit-* headers), then the queue; both before any byte.
-    headers = await reserve(state, principal, queued)
+    request_id_var.set(queued.request_id)
+    drain = request.app.state.drain
+    tenant = principal.tenant_name
+    # Drain, limits (429 with x-ratelimit-* headers), then the queue; all before any byte.
     try:
-        await enqueue(state.redis, state, queued)
-    except APIError:
-        await release(state, queued)
+        drain.check()
+        headers = await reserve(state, principal, queued)
+        try:
+            await enqueue(state.redis, state, queued)
+        except APIError:
+            await release(state, queued)
+            raise
+    except APIError as exc:
+        reason = exc.type if exc.status == 429 else (exc.code or exc.type)
+        REJECTIONS.labels(tenant, queued.priority, str(exc.status), reason).inc()
         raise
+    ADMISSIONS.labels(tenant, queued.priority).inc()
+    log.info(
+        "request admitted",
+        extra={
+            "tenant": tenant,
+            "priority": queued.priority,
+            "prompt_tokens": len(queued.prompt_token_ids),
+        },
+    )
     headers["x-request-id"] = queued.request_id
     if stream:
-        body = _stream(state, queued.request_id, fmt, include_usage)
+        body = _stream(state, queued.request_id, fmt, include_usage, drain)
         headers["cache-control"] = "no-cache"
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-    return await _collect(request, state, queued.request_id, fmt, headers)
+    drain.opened()
+    try:
+        return await _collect(request, state, queued.request_id, fmt, headers)
+    finally:
+        drain.closed()
 
 
 async def _stream(
-    state: AppState, request_id: str, fmt: Formatter, include_usage: bool
+    state: AppState, request_id: str, fmt: Formatter, include_usage: bool, drain: Drain
 ) -> AsyncIterator[str]:
     ended = False  # reached an end the worker knows about: nothing to cancel
+    # Counted from the first chunk: a body never iterated must not hold a drain open.
+    drain.opened()
     try:
         if fmt.first_chunk is not None:
             yield sse(fmt.first_chunk | ({"usage": None} if include_usage else {}))
@@ -94,6 +124,7 @@ async def _stream(
                 yield sse(fmt.usage_chunk(Usage.from_event(event["usage"])))
         yield sse("[DONE]")
     finally:
+        drain.closed()
         if not ended:  # the client went away (the response task was cancelled)
             with anyio.CancelScope(shield=True):
                 await publish_cancel(state.redis, state, request_id)

@@ -8,8 +8,10 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from api import errors
+from api import metrics as metrics_routes
 from api.auth import KeyVerifier
-from api.routes import admin, chat, completions, health, internal, models, usage
+from api.drain import Drain
+from api.routes import admin, batches, chat, completions, files, health, internal, models, usage
 from api.schemas.models import ModelCard
 from api.state import AppState
 from engine.tokenizer import Tokenizer
@@ -20,6 +22,9 @@ from metering.db import make_engine, make_sessionmaker
 def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        from workers.celery_app import configure
+
+        configure(redis_url)  # the batch routes send tasks through it
         db = make_engine(database_url)
         sessions = make_sessionmaker(db)
         redis = Redis.from_url(
@@ -45,7 +50,11 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
             db.dispose()
 
     app = FastAPI(title="fleetlm", lifespan=lifespan)
+    app.state.drain = Drain(settings.drain_delay_s, settings.drain_timeout_s)
     errors.install(app)
+    app.include_router(metrics_routes.router)
     for module in (chat, completions, models, usage, admin, health, internal):
+        app.include_router(module.router)
+    for module in (files, batches):
         app.include_router(module.router)
     return app

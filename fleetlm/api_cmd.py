@@ -20,13 +20,32 @@ def run(args: argparse.Namespace) -> int:
 
     from api.main import create_app
     from fleetlm.embedded import resolve_urls
+    from fleetlm.logging_setup import configure_logging
     from fleetlm.settings import Settings
+
+    class DrainingServer(uvicorn.Server):
+        # First SIGTERM/SIGINT: drain (api/drain.py), then exit as uvicorn does; a second: now.
+        def handle_exit(self, sig: int, frame: object) -> None:
+            drain = app.state.drain
+            if drain.draining:
+                super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            else:
+                drain.start(lambda: super(DrainingServer, self).handle_exit(sig, None))
 
     overrides = {
         k: v for k, v in (("model", args.model), ("host", args.host), ("port", args.port)) if v
     }
     settings = Settings(**overrides)
+    configure_logging("api", settings.log_format, settings.log_level)
     redis_url, database_url = resolve_urls(settings, args.data_dir)
     app = create_app(settings, redis_url, database_url)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        log_config=None,
+        timeout_graceful_shutdown=5,
+    )
+    DrainingServer(config).run()
     return 0

@@ -19,6 +19,8 @@ SUBCOMMANDS = {
     "tenants": "fleetlm.tenants_cmd",
     "prices": "fleetlm.prices_cmd",
     "usage": "fleetlm.usage_cmd",
+    "celery": "fleetlm.celery_cmd",
+    "batches": "fleetlm.batches_cmd",
 }
 
 

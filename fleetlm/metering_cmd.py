@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import threading
 from pathlib import Path
@@ -17,11 +16,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fleetlm.embedded import resolve_urls
+    from fleetlm.logging_setup import configure_logging
     from fleetlm.settings import Settings
     from metering.writer import MeteringWriter
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = Settings()
+    configure_logging("metering", settings.log_format, settings.log_level)
     redis_url, database_url = resolve_urls(settings, args.data_dir)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

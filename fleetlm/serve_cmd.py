@@ -156,7 +156,15 @@ def run(args: argparse.Namespace) -> int:
             worker_env = dict(env)
             if num_gpus:
                 worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
+            if settings.worker_metrics_port:
+                worker_env["FLEETLM_WORKER_METRICS_PORT"] = str(settings.worker_metrics_port + i)
             children.append(Child(f"worker-{i}", [*cli, "worker"], worker_env))
+        # Batch control plane (docs/batches.md); pidfiles let tests and operators find it.
+        for role in ("worker", "beat"):
+            pidfile = str(data_dir / f"celery-{role}.pid")
+            children.append(
+                Child(f"celery-{role}", [*cli, "celery", role, "--pidfile", pidfile], env)
+            )
         # Last, so it stops last: it writes the records the stopping workers emit.
         children.append(Child("metering", [*cli, "metering"], env))
         for child in children:
@@ -188,7 +196,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for child in children:  # API first: no new work, then workers, writer
-            child.stop(timeout_s=15)
+        # API first: it drains (no new work, open streams finish while the workers still run);
+        # then the workers drain; the writer last, so it writes what they metered.
+        for child in children:
+            child.stop(timeout_s=settings.drain_timeout_s + 10)
         services.stop()
         print("fleetlm: stopped", flush=True)

@@ -68,6 +68,25 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool = True
     torch_threads: int | None = None  # CPU workers: intra-op threads (None → torch's default)
 
+    # -- operations (docs/operations.md) ---------------------------------------------------
+    worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)
+    metrics_snapshot_s: float = 1.0  # how often a worker ships its series to Redis for the API
+    drain_timeout_s: float = 30.0  # SIGTERM: in-flight work gets this long to finish
+    drain_delay_s: float = 0.0  # API: keep answering 503 this long so load balancers notice
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+
+    # -- batches (docs/batches.md) ---------------------------------------------------------
+    file_max_bytes: int = 200 * 1024 * 1024  # one uploaded file
+    batch_max_lines: int = 50_000  # requests in one batch input file
+    batch_completion_windows: list[str] = ["24h"]  # accepted completion_window values
+    batch_max_inflight: int = 64  # lines of one batch on the batch stream or running at once
+    batch_pump_interval_s: float = 0.5  # a batch's pump re-runs this often while it is active
+    batch_stale_s: float = 15.0  # a pump silent this long is re-armed by the beat sweep
+    batch_sweep_s: float = 5.0  # beat: sweep (re-arm, expire) this often
+    batch_output_ttl_s: int = 7 * 24 * 3600  # batch lines' output streams (the pump deletes them)
+    celery_visibility_timeout_s: int = 60  # an unacked task is redelivered after this long
+
     @property
     def model_name(self) -> str:
         if self.served_model_name:

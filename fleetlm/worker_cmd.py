@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 from pathlib import Path
 
@@ -19,17 +18,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fleetlm.embedded import resolve_urls
+    from fleetlm.logging_setup import configure_logging
     from fleetlm.settings import Settings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
     settings = Settings(**overrides)
+    configure_logging("worker", settings.log_format, settings.log_level)
     redis_url = settings.redis_url or resolve_urls(settings, args.data_dir)[0]
 
     from workers.gpu_worker import GpuWorker
 
     worker = GpuWorker(settings, redis_url, args.worker_id)
+
+    def on_signal(*_: object) -> None:  # the first drains, a second one stops now
+        (worker.stopping if worker.draining.is_set() else worker.draining).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stopping.set())
+        signal.signal(sig, on_signal)
     worker.run()
     return 0

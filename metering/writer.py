@@ -143,10 +143,18 @@ class MeteringWriter:
         if dead:
             pipe = self.redis.pipeline()
             for entry_id, fields, reason in dead:
-                log.error("metering record %s dead-lettered: %s", entry_id, reason)
+                log.error(
+                    "metering record %s dead-lettered: %s",
+                    entry_id,
+                    reason,
+                    extra={"request_id": fields.get("request_id")},
+                )
                 pipe.xadd(DEAD_LETTER_STREAM, {**fields, "dead_reason": reason})
             pipe.execute()
         self.redis.xack(STREAM, GROUP, *[i for i, _ in entries])
+        if log.isEnabledFor(logging.DEBUG):
+            for row in usage:
+                log.debug("usage record written", extra={"request_id": row["request_id"]})
 
     def _commit(self, usage: list[dict[str, Any]], busy: list[dict[str, Any]]) -> None:
         with transaction(self.sessions) as session:

@@ -7,6 +7,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import pool
 
+from metering import batch_models  # noqa: F401 - registers the batch tables on Base
 from metering.db import make_engine
 from metering.models import Base
 

@@ -22,6 +22,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams
 from fleetlm.settings import Settings
 from metering.ratelimit import release_call
 from workers import protocol as p
+from workers.metrics import WorkerMetrics
 from workers.usage import BusyMeter, usage_record
 
 log = logging.getLogger("fleetlm.worker")
@@ -71,12 +72,17 @@ class GpuWorker:
         self._lock = threading.Lock()  # guards `inflight` against the heartbeat thread
         self._failed: list[tuple[Inflight, dict]] = []  # (request, final error event)
         self.stopping = threading.Event()
+        # Drain (SIGTERM): read no new work, hand back the unstarted, let the rest finish until
+        # drain_timeout_s, then stop as usual.
+        self.draining = threading.Event()
+        self._drain_deadline: float | None = None
         self.num_steps = 0
         self.last_cancel_step = -1  # the step after which the last cancel freed its KV blocks
         self._last_reclaim = 0.0
         self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
         self._dead_after_ms = int(settings.worker_dead_after_s * 1000)
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
+        self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -89,15 +95,23 @@ class GpuWorker:
                     raise
         self._heartbeat()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        if self.settings.worker_metrics_port:
+            self.metrics.serve(self.settings.worker_metrics_port)
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
         try:
             while not self.stopping.is_set():
+                if self.draining.is_set() and self._drained():
+                    break
                 deltas = []
                 if self.engine.has_unfinished():
                     started = time.perf_counter()
                     deltas = self.engine.step()
-                    self.busy.add(time.perf_counter() - started)
+                    elapsed = time.perf_counter() - started
+                    self.busy.add(elapsed)
                     self.num_steps += 1
+                    self.metrics.on_step(
+                        [d for d in deltas if d.request_id in self.inflight], elapsed
+                    )
                 self._exchange(deltas)
         finally:
             self._shutdown()
@@ -123,6 +137,39 @@ class GpuWorker:
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
+    def _drained(self) -> bool:
+        """Drain bookkeeping at the top of each loop turn; True once nothing is left to run."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.settings.drain_timeout_s
+            failing = {f.req.request_id for f, _ in self._failed}
+            with self._lock:
+                unstarted = [
+                    f
+                    for f in self.inflight.values()
+                    if not f.published and f.req.request_id not in failing
+                ]
+                for f in unstarted:
+                    del self.inflight[f.req.request_id]
+            pipe = self.redis.pipeline(transaction=False)
+            for f in unstarted:
+                self.engine.abort(f.req.request_id)
+                self._requeue(pipe, f)
+            pipe.execute()
+            log.info("draining: handed back %d, finishing %d", len(unstarted), len(self.inflight))
+        if not self.inflight and not self._failed:
+            return True
+        if time.monotonic() > self._drain_deadline:
+            log.warning("drain deadline passed with %d requests running", len(self.inflight))
+            return True
+        return False
+
+    def _requeue(self, pipe: redis.client.Pipeline, f: Inflight) -> None:
+        """Back to the tail of its queue as a fresh entry, for any worker to take."""
+        self.metrics.forget(f.req.request_id)
+        pipe.xadd(f.queue, {"r": f.req.encode()})
+        pipe.xack(f.queue, p.GROUP, f.entry_id)
+        pipe.xdel(f.queue, f.entry_id)
+
     def _shutdown(self) -> None:
         """Hands unstarted requests back to their queue; fails the ones already streaming."""
         pipe = self.redis.pipeline(transaction=False)
@@ -133,13 +180,15 @@ class GpuWorker:
             if f.published:
                 self._finish(pipe, f, self._error_event("worker shutting down", "worker_lost"))
             else:
-                pipe.xadd(f.queue, {"r": f.req.encode()})
-                pipe.xack(f.queue, p.GROUP, f.entry_id)
-                pipe.xdel(f.queue, f.entry_id)
+                self._requeue(pipe, f)
         busy = self.busy.flush()
         if busy is not None:
             pipe.xadd(p.METERING_STREAM, busy)
-        pipe.delete(p.alive_key(self.worker_id), p.stats_key(self.worker_id))
+        pipe.delete(
+            p.alive_key(self.worker_id),
+            p.stats_key(self.worker_id),
+            p.metrics_key(self.worker_id),
+        )
         pipe.srem(p.WORKERS_SET, self.worker_id)
         try:
             pipe.execute()
@@ -166,8 +215,13 @@ class GpuWorker:
         stats = self.engine.stats()
         pipe.hset(p.stats_key(self.worker_id), mapping=self._stats_mapping(stats))
         pipe.expire(p.stats_key(self.worker_id), 60)
+        snapshot = self.metrics.snapshot_due(stats, self.draining.is_set())
+        if snapshot is not None:
+            pipe.set(p.metrics_key(self.worker_id), snapshot, px=self._dead_after_ms)
 
         room = self.settings.worker_max_waiting - stats.num_waiting
+        if self.draining.is_set():
+            room = 0
         streams = [p.queue_key("interactive")]
         free_frac = stats.num_free_blocks / max(stats.num_total_blocks, 1)
         if (
@@ -225,6 +279,7 @@ class GpuWorker:
             "prefix_cache_hits": stats.prefix_cache_hits,
             "num_preemptions": stats.num_preemptions,
             "num_inflight": len(self.inflight),
+            "draining": int(self.draining.is_set()),
             "model": self.settings.model_name,
             "updated_at": f"{time.time():.3f}",
         }
@@ -293,7 +348,7 @@ class GpuWorker:
             event["completion_tokens"] = delta.usage.completion_tokens
             key = p.output_key(delta.request_id)
             pipe.xadd(key, p.encode_event(event))
-            pipe.expire(key, self.settings.output_ttl_s)
+            pipe.expire(key, self._output_ttl(f.req))
             f.published = True
             return
         reason = delta.finish_reason
@@ -308,6 +363,10 @@ class GpuWorker:
         event["usage"] = usage
         self._finish(pipe, f, event, delta)
 
+    def _output_ttl(self, req: p.QueuedRequest) -> int:
+        # A batch line's output waits for the batch pump (which deletes it), not a live client.
+        return self.settings.batch_output_ttl_s if req.batch_id else self.settings.output_ttl_s
+
     def _error_event(self, message: str, code: str) -> dict[str, Any]:
         return {"type": "error", "message": message, "code": code}
 
@@ -319,7 +378,7 @@ class GpuWorker:
         event["worker"] = self.worker_id
         key = p.output_key(req.request_id)
         pipe.xadd(key, p.encode_event(event))
-        pipe.expire(key, self.settings.output_ttl_s)
+        pipe.expire(key, self._output_ttl(req))
         record = usage_record(f.req, event, delta, self.worker_id)
         pipe.xadd(p.METERING_STREAM, record)
         reservation = req.extra.get("reservation")
@@ -330,3 +389,12 @@ class GpuWorker:
         pipe.xdel(f.queue, f.entry_id)
         with self._lock:
             self.inflight.pop(req.request_id, None)
+        log.info(
+            "request finished",
+            extra={
+                "request_id": req.request_id,
+                "tenant_id": req.tenant_id,
+                "status": record["status"],
+                "completion_tokens": int(record["completion_tokens"]),
+            },
+        )

@@ -9,6 +9,8 @@
 #   fleetlm:workers                 set of worker ids ever registered (pruned when dead)
 #   fleetlm:worker:{id}:alive       heartbeat, a key with a TTL of worker_dead_after_s
 #   fleetlm:worker:{id}:stats       hash of engine stats, rewritten every step
+#   fleetlm:worker:{id}:metrics     the worker's Prometheus exposition text, rewritten about
+#                                   once a second; expires like the heartbeat
 from __future__ import annotations
 
 import json
@@ -39,6 +41,10 @@ def alive_key(worker_id: str) -> str:
 
 def stats_key(worker_id: str) -> str:
     return f"fleetlm:worker:{worker_id}:stats"
+
+
+def metrics_key(worker_id: str) -> str:
+    return f"fleetlm:worker:{worker_id}:metrics"
 
 
 # Atomic admission against the queue limit: XADD only while XLEN is under ARGV[1].

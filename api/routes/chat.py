@@ -7,10 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.admission import build_request, check_context, check_model
 from api.deps import CurrentPrincipal, State
-from api.errors import invalid_param
 from api.generation import Formatter, created_now, generate
+from api.prepare import prepare_chat
 from api.schemas.chat import ChatCompletionRequest
 from api.schemas.sampling import Usage
 
@@ -53,17 +52,8 @@ class ChatFormatter(Formatter):
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, state: State, principal: CurrentPrincipal
 ) -> Response:
-    check_model(state, body.model)
-    try:
-        prompt = state.tokenizer.apply_chat_template(
-            body.template_messages(), add_generation_prompt=True, tokenize=True
-        )
-    except Exception as exc:  # template errors are the request's fault (bad roles, order, ...)
-        raise invalid_param("messages", f"could not apply the chat template: {exc}") from exc
-    max_tokens = body.effective_max_tokens()
-    check_context(state, len(prompt), max_tokens, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    queued = build_request(request_id, body, principal, "chat.completions", prompt)
+    queued = prepare_chat(state, body, principal, request_id)
     tier = "flex" if body.priority == "batch" else "default"
     fmt = ChatFormatter(request_id, body.model, tier)
     return await generate(

@@ -7,10 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.admission import build_request, check_context, check_model
 from api.deps import CurrentPrincipal, State
-from api.errors import invalid_param
 from api.generation import Formatter, created_now, generate
+from api.prepare import prepare_completion
 from api.schemas.completions import CompletionRequest
 from api.schemas.sampling import Usage
 
@@ -42,19 +41,8 @@ class CompletionFormatter(Formatter):
 async def create_completion(
     body: CompletionRequest, request: Request, state: State, principal: CurrentPrincipal
 ) -> Response:
-    check_model(state, body.model)
-    if isinstance(body.prompt, str):
-        prompt = state.tokenizer.encode(body.prompt)
-    else:
-        prompt = list(body.prompt)
-        vocab = state.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise invalid_param("prompt", f"prompt token ids must be in [0, {vocab})")
-    if not prompt:
-        raise invalid_param("prompt", "the prompt is empty")
-    check_context(state, len(prompt), body.max_tokens, "prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    queued = build_request(request_id, body, principal, "completions", prompt)
+    queued = prepare_completion(state, body, principal, request_id)
     fmt = CompletionFormatter(request_id, body.model)
     return await generate(
         request,

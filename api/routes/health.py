@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
@@ -19,7 +19,9 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready")
-async def ready(state: State) -> JSONResponse:
+async def ready(state: State, request: Request) -> JSONResponse:
+    if request.app.state.drain.draining:
+        return JSONResponse({"status": "draining"}, 503)
     checks: dict[str, bool | int] = {}
     try:
         checks["redis"] = bool(await state.redis.ping())

@@ -8,6 +8,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import select
 
+from metering import batch_models  # noqa: F401 - the batch tables are on Base too
 from metering.db import make_engine, make_sessionmaker
 from metering.keys import find_principal, hash_key
 from metering.models import ApiKey, Base

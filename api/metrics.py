@@ -1,0 +1,159 @@
+# GET /metrics: this API process's series, the fleet's Redis-side state (queue depth per class,
+# metering lag, worker heartbeats) read at scrape time, and every live worker's own series (the
+# snapshot each ships to fleetlm:worker:{id}:metrics) relabelled with worker="<id>", so one
+# scrape target serves a small deployment. Large ones scrape workers directly
+# (FLEETLM_WORKER_METRICS_PORT) and can ignore the worker-labelled copies here.
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+
+from api.deps import State
+from api.relay import live_workers
+from fleetlm.settings import Settings
+from workers import protocol as p
+
+disable_created_metrics()
+
+REGISTRY = CollectorRegistry()
+ADMISSIONS = Counter(
+    "fleetlm:admissions",
+    "Requests admitted to a queue.",
+    ["tenant", "priority"],
+    registry=REGISTRY,
+)
+REJECTIONS = Counter(
+    "fleetlm:rejections",
+    "Requests refused at admission (429 over a tenant limit, 503 queue full or draining).",
+    ["tenant", "priority", "status", "reason"],
+    registry=REGISTRY,
+)
+OPEN_REQUESTS = Gauge(
+    "fleetlm:api_open_requests", "Generation requests this API process is relaying.", [],
+    registry=REGISTRY,
+)  # fmt: skip
+DRAINING = Gauge("fleetlm:api_draining", "1 while this API process drains.", registry=REGISTRY)
+
+router = APIRouter(tags=["metrics"])
+
+
+def _ms_of(entry_id: str) -> int:
+    return int(entry_id.partition("-")[0])
+
+
+async def _oldest_unwritten_ms(redis: Redis) -> int | None:
+    """Entry time of the oldest usage record the metering group has not acknowledged."""
+    try:
+        groups = await redis.xinfo_groups(p.METERING_STREAM)
+    except Exception:  # no stream yet
+        return None
+    group = next((g for g in groups if g["name"] == "metering"), None)
+    if group is None:  # no writer ever ran: everything is unwritten
+        first = await redis.xrange(p.METERING_STREAM, count=1)
+        return _ms_of(first[0][0]) if first else None
+    if group["pending"]:
+        return _ms_of((await redis.xpending(p.METERING_STREAM, "metering"))["min"])
+    after = await redis.xrange(p.METERING_STREAM, min=f"({group['last-delivered-id']}", count=1)
+    return _ms_of(after[0][0]) if after else None
+
+
+async def _fleet_families(
+    redis: Redis, settings: Settings
+) -> tuple[list[Metric], list[tuple[str, str]]]:
+    workers = await live_workers(redis)
+    pipe = redis.pipeline(transaction=False)
+    for priority in p.PRIORITY_CLASSES:
+        pipe.xlen(p.queue_key(priority))
+        pipe.xpending(p.queue_key(priority), p.GROUP)
+    for w in workers:
+        pipe.pttl(p.alive_key(w))
+        pipe.get(p.metrics_key(w))
+    results = await pipe.execute(raise_on_error=False)
+
+    depth = GaugeMetricFamily(
+        "fleetlm:queue_depth",
+        "Requests queued and not yet picked up by a worker, per class.",
+        labels=["priority"],
+    )
+    running = GaugeMetricFamily(
+        "fleetlm:queue_in_progress",
+        "Requests a worker has taken from the queue and not finished, per class.",
+        labels=["priority"],
+    )
+    for i, priority in enumerate(p.PRIORITY_CLASSES):
+        length, pending = results[2 * i], results[2 * i + 1]
+        length = length if isinstance(length, int) else 0
+        pending = pending["pending"] if isinstance(pending, dict) else 0
+        depth.add_metric([priority], max(0, length - pending))
+        running.add_metric([priority], pending)
+
+    heartbeat = GaugeMetricFamily(
+        "fleetlm:worker_heartbeat_age_seconds",
+        "Seconds since each live worker's last heartbeat.",
+        labels=["worker"],
+    )
+    texts: list[str] = []
+    base = 2 * len(p.PRIORITY_CLASSES)
+    for j, w in enumerate(workers):
+        pttl, text = results[base + 2 * j], results[base + 2 * j + 1]
+        if isinstance(pttl, int) and pttl >= 0:
+            age = max(0.0, settings.worker_dead_after_s - pttl / 1000)
+            heartbeat.add_metric([w], age)
+        texts.append(text if isinstance(text, str) else "")
+    live = GaugeMetricFamily("fleetlm:workers_live", "Workers with a fresh heartbeat.")
+    live.add_metric([], len(workers))
+
+    oldest = await _oldest_unwritten_ms(redis)
+    lag = GaugeMetricFamily(
+        "fleetlm:metering_lag_seconds",
+        "Age of the oldest usage record not yet written to Postgres (0: none).",
+    )
+    lag.add_metric([], 0.0 if oldest is None else max(0.0, time.time() - oldest / 1000))
+    return [depth, running, heartbeat, live, lag], list(zip(workers, texts))
+
+
+def merge_worker_series(snapshots: Iterable[tuple[str, str]]) -> list[Metric]:
+    """One family per name across workers, each sample labelled with its worker's id."""
+    merged: dict[str, Metric] = {}
+    for worker, text in snapshots:
+        if not text:
+            continue
+        for family in text_string_to_metric_families(text):
+            out = merged.get(family.name)
+            if out is None:
+                out = merged[family.name] = Metric(family.name, family.documentation, family.type)
+            for s in family.samples:
+                out.add_sample(s.name, {**s.labels, "worker": worker}, s.value)
+    return list(merged.values())
+
+
+class _Static(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(state: State) -> Response:
+    fleet, snapshots = await _fleet_families(state.redis, state.settings)
+    scrape = CollectorRegistry(auto_describe=False)
+    scrape.register(_Static(fleet + merge_worker_series(snapshots)))
+    body = generate_latest(REGISTRY) + generate_latest(scrape)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

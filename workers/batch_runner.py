@@ -1,0 +1,313 @@
+# One step of a batch's state machine (a "pump"), run by the Celery task `advance` while the batch
+# is active: validate the input file, collect finished lines, fan out pending ones with
+# back-pressure (at most batch_max_inflight lines of a batch queued or running), drop queued lines
+# of a cancelled or expired batch, and finalize (output and error files, usage roll-up).
+#
+# A pump holds the batch row's lock (FOR UPDATE SKIP LOCKED) for its whole transaction, so two
+# pumps of one batch never overlap, and everything it decides commits at once. Redis side effects
+# before the commit are idempotent (the enqueue is once-per-request-id; output streams are deleted
+# only after the commit), so a pump killed at any point is simply run again.
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from datetime import timedelta
+from typing import Any
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker, undefer
+
+from api.errors import event_error
+from api.schemas.models import ModelCard
+from api.schemas.sampling import Usage
+from fleetlm.settings import Settings
+from metering.batch_input import MalformedFile, parse_batch_file
+from metering.batch_models import Batch, BatchRequest, StoredFile
+from metering.batches import ACTIVE, FINAL, now
+from metering.files import create_file
+from metering.ratelimit import release_call
+from workers import batch_admission as ba
+from workers import protocol as p
+
+log = logging.getLogger("fleetlm.batches")
+
+# Drops a queued line that no worker has read yet: XDEL unless it is pending in the consumer
+# group (then a worker holds it, and the cancel key stops it). Returns the entry's request.
+DROP_SCRIPT = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if #pending > 0 then return false end
+local entry = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+if #entry == 0 then return '' end
+return entry[1][2][2]
+"""
+
+
+class Runner:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], redis_url: str):
+        from engine.tokenizer import Tokenizer
+
+        self.settings = settings
+        self.sessions = sessions
+        self.redis_url = redis_url
+        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.tokenizer = Tokenizer.for_model(settings.model)
+        self.model_card = ModelCard(
+            id=settings.model_name, created=0, max_model_len=settings.resolved_max_model_len()
+        )
+
+    # -- the pump ---------------------------------------------------------------------------
+
+    def pump(self, batch_id: str, token: str) -> bool:
+        """One step; True while the batch needs another."""
+        done_streams: list[str] = []
+        with self.sessions() as session, session.begin():
+            batch = session.scalar(
+                select(Batch).where(Batch.id == batch_id).with_for_update(skip_locked=True)
+            )
+            if batch is None or batch.pump_token != token or batch.status in FINAL:
+                return False  # another pump holds it, or this chain was superseded
+            batch.pumped_at = now()
+            if batch.status == "validating":
+                self._validate(session, batch)
+            if batch.expires_at <= batch.pumped_at and batch.status == "in_progress":
+                batch.expiring = True
+            if batch.status in ("in_progress", "cancelling"):
+                done_streams = self._collect(session, batch)
+                if batch.status == "cancelling" or batch.expiring:
+                    self._drop_queued(session, batch)
+                else:
+                    self._fan_out(session, batch)
+                self._count(session, batch)
+                if not self._num(session, batch, "queued") and (
+                    batch.status == "cancelling"
+                    or batch.expiring
+                    or not self._num(session, batch, "pending")
+                ):
+                    if batch.status == "in_progress":
+                        batch.status, batch.finalizing_at = "finalizing", now()
+                    else:
+                        self._finalize(session, batch)
+            elif batch.status == "finalizing":
+                self._finalize(session, batch)
+            active = batch.status in ACTIVE
+        if done_streams:
+            self.redis.delete(*(p.output_key(r) for r in done_streams))
+        return active
+
+    def sweep(self) -> list[tuple[str, str]]:
+        """Beat: re-arms the pump of every active batch whose pump went silent (a lost task, a
+        killed worker); returns the (batch id, token) pairs to send."""
+        stale = now() - timedelta(seconds=self.settings.batch_stale_s)
+        armed = []
+        with self.sessions() as session, session.begin():
+            query = select(Batch).where(Batch.status.in_(ACTIVE)).with_for_update(skip_locked=True)
+            for batch in session.scalars(query):
+                if (batch.pumped_at or batch.created_at) < stale:
+                    batch.pump_token = secrets.token_hex(8)
+                    armed.append((batch.id, batch.pump_token))
+        return armed
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _validate(self, session: Session, batch: Batch) -> None:
+        f = session.scalar(
+            select(StoredFile)
+            .where(StoredFile.id == batch.input_file_id, StoredFile.tenant_id == batch.tenant_id)
+            .options(undefer(StoredFile.content))
+        )
+        try:
+            if f is None or f.deleted_at is not None:
+                raise MalformedFile(f"the input file {batch.input_file_id} no longer exists")
+            lines = parse_batch_file(f.content, self.settings.batch_max_lines)
+            for line in lines:
+                if line.url != batch.endpoint:
+                    raise MalformedFile(
+                        f"line {line.line_no}: url {line.url} differs from the batch's "
+                        f"endpoint {batch.endpoint}",
+                        line.line_no,
+                    )
+        except MalformedFile as exc:
+            batch.status, batch.failed_at = "failed", now()
+            error = {"code": "invalid_file", "message": str(exc), "param": None, "line": exc.line}
+            batch.errors = [error]
+            return
+        session.add_all(
+            BatchRequest(
+                batch_id=batch.id,
+                line_no=line.line_no,
+                custom_id=line.custom_id,
+                request_id=f"batch_req_{secrets.token_hex(12)}",
+                body=line.body,
+                state="pending",
+            )
+            for line in lines
+        )
+        batch.total = len(lines)
+        batch.status, batch.in_progress_at = "in_progress", now()
+
+    def _rows(self, session: Session, batch: Batch, state: str, limit: int | None = None):
+        query = (
+            select(BatchRequest)
+            .where(BatchRequest.batch_id == batch.id, BatchRequest.state == state)
+            .order_by(BatchRequest.line_no)
+        )
+        return list(session.scalars(query.limit(limit) if limit else query))
+
+    def _num(self, session: Session, batch: Batch, state: str) -> int:
+        return session.scalar(
+            select(func.count())
+            .select_from(BatchRequest)
+            .where(BatchRequest.batch_id == batch.id, BatchRequest.state == state)
+        )
+
+    def _fan_out(self, session: Session, batch: Batch) -> None:
+        room = self.settings.batch_max_inflight - self._num(session, batch, "queued")
+        if room <= 0:
+            return
+        rows = self._rows(session, batch, "pending", room)
+        if rows:
+            asyncio.run(self._admit_all(session, batch, rows))
+
+    async def _admit_all(self, session: Session, batch: Batch, rows: list[BatchRequest]) -> None:
+        client = AsyncRedis.from_url(self.redis_url, decode_responses=True)
+        state = ba.AdmissionState(self.settings, client, self.tokenizer, self.model_card)
+        principal = ba.load_principal(session, batch.tenant_id, batch.key_id)
+        try:
+            for row in rows:
+                result = await ba.admit(
+                    state, principal, batch.endpoint, row.body, row.request_id, batch.id
+                )
+                if isinstance(result, ba.Later):
+                    break  # the tenant's batch limits or the queue are full: next pump
+                if isinstance(result, ba.Rejected):
+                    row.state, row.status_code, row.response = (
+                        "failed",
+                        result.status_code,
+                        result.error,
+                    )
+                else:
+                    row.state, row.entry_id = "queued", result.entry_id
+        finally:
+            await client.aclose()
+
+    def _collect(self, session: Session, batch: Batch) -> list[str]:
+        rows = self._rows(session, batch, "queued")
+        if not rows:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for row in rows:
+            pipe.xrevrange(p.output_key(row.request_id), count=1)
+        done = []
+        for row, last in zip(rows, pipe.execute()):
+            if not last or p.decode_event(last[0][1])["type"] not in p.FINAL_EVENTS:
+                continue
+            events = [p.decode_event(f) for _, f in self.redis.xrange(p.output_key(row.request_id))]
+            self._record(batch, row, events)
+            done.append(row.request_id)
+        return done
+
+    def _record(self, batch: Batch, row: BatchRequest, events: list[dict[str, Any]]) -> None:
+        from api.routes.chat import ChatFormatter
+        from api.routes.completions import CompletionFormatter
+
+        final = events[-1]
+        usage = final.get("usage") or {}
+        row.prompt_tokens = int(usage.get("prompt_tokens", 0))
+        row.cached_tokens = int(usage.get("cached_tokens", 0))
+        row.completion_tokens = int(usage.get("completion_tokens", 0))
+        if final["type"] == "error":
+            err = event_error(final)
+            row.state, row.status_code, row.response = "failed", err.status, err.body()
+            return
+        text = "".join(e.get("text", "") for e in events)
+        model = row.body.get("model", self.model_card.id)
+        if batch.endpoint == "/v1/chat/completions":
+            fmt = ChatFormatter(row.request_id, model, "flex")
+        else:
+            fmt = CompletionFormatter(row.request_id, model)
+        body = fmt.response(text, final["finish_reason"], Usage.from_event(usage))
+        row.state, row.status_code, row.response = "done", 200, body
+
+    def _drop_queued(self, session: Session, batch: Batch) -> None:
+        rows = self._rows(session, batch, "queued")
+        ttl = self.settings.output_ttl_s
+        for row in rows:
+            self.redis.set(p.cancel_key(row.request_id), "1", ex=ttl)
+            raw = self.redis.eval(DROP_SCRIPT, 1, p.queue_key("batch"), p.GROUP, row.entry_id)
+            if raw is None:
+                continue  # a worker holds it: its final event comes once the cancel lands
+            if raw:
+                q = p.QueuedRequest.decode(raw)
+                reservation = q.extra.get("reservation")
+                if reservation is not None:
+                    self.redis.eval(
+                        *release_call(q.tenant_id, q.priority, q.request_id, reservation, 0)
+                    )
+            row.state = "dropped"
+
+    def _count(self, session: Session, batch: Batch) -> None:
+        sums = session.execute(
+            select(
+                BatchRequest.state,
+                func.count(),
+                func.coalesce(func.sum(BatchRequest.prompt_tokens), 0),
+                func.coalesce(func.sum(BatchRequest.cached_tokens), 0),
+                func.coalesce(func.sum(BatchRequest.completion_tokens), 0),
+            )
+            .where(BatchRequest.batch_id == batch.id)
+            .group_by(BatchRequest.state)
+        ).all()
+        by_state = {s: (n, i, c, o) for s, n, i, c, o in sums}
+        batch.completed = by_state.get("done", (0,))[0]
+        batch.failed = by_state.get("failed", (0,))[0]
+        if batch.expiring:
+            batch.failed += by_state.get("dropped", (0,))[0]
+        batch.input_tokens = sum(v[1] for v in by_state.values())
+        batch.cached_tokens = sum(v[2] for v in by_state.values())
+        batch.output_tokens = sum(v[3] for v in by_state.values())
+
+    def _finalize(self, session: Session, batch: Batch) -> None:
+        out, err = [], []
+        for row in session.scalars(
+            select(BatchRequest)
+            .where(BatchRequest.batch_id == batch.id)
+            .order_by(BatchRequest.line_no)
+        ):
+            line: dict[str, Any] = {"id": row.request_id, "custom_id": row.custom_id}
+            if row.state in ("done", "failed"):
+                response = {
+                    "status_code": row.status_code,
+                    "request_id": row.request_id,
+                    "body": row.response,
+                }
+                line |= {"response": response, "error": None}
+                (out if row.state == "done" else err).append(line)
+            elif batch.expiring:  # never ran: OpenAI lists these in the error file
+                message = "This request could not be executed before the completion window expired."
+                line |= {"response": None, "error": {"code": "batch_expired", "message": message}}
+                err.append(line)
+        self._count(session, batch)
+        for kind, lines in (("output", out), ("error", err)):
+            if lines:
+                content = "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines)
+                f = create_file(
+                    session,
+                    batch.tenant_id,
+                    "batch_output",
+                    f"{batch.id}_{kind}.jsonl",
+                    content.encode(),
+                )
+                setattr(batch, f"{kind}_file_id", f.id)
+        t = now()
+        if batch.status == "cancelling":
+            batch.status, batch.cancelled_at = "cancelled", t
+        elif batch.expiring:
+            batch.status, batch.expired_at = "expired", t
+        else:
+            batch.status, batch.completed_at = "completed", t
+        log.info("batch %s %s: %d ok, %d failed", batch.id, batch.status, len(out), len(err))

@@ -1,0 +1,172 @@
+# A worker's Prometheus series, with vLLM's names so existing dashboards and autoscalers work.
+# The hot path only touches in-process objects: counters and histograms per finished request or
+# per delta (a token batch). The registry is serialised at most once per `snapshot_interval_s`
+# and rides on the worker's per-step Redis round trip (fleetlm:worker:{id}:metrics), where the
+# API's /metrics picks it up; the same registry is served on the worker's own port if enabled.
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+disable_created_metrics()  # no *_created series: they double the exposition for nothing
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+# EngineStats totals → counter names; the engine keeps the running totals, we only report them.
+_ENGINE_COUNTERS = {
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens."),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens."),
+    "num_preemptions": ("vllm:num_preemptions", "Cumulative number of preemptions."),
+    "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens", "Draft tokens."),
+    "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens", "Accepted."),
+}
+
+
+class _EngineTotals(Collector):
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.stats: Any = None
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        for field, (name, doc) in _ENGINE_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], float(getattr(self.stats, field, 0)))
+            yield family
+
+
+class WorkerMetrics:
+    def __init__(self, model_name: str, snapshot_interval_s: float = 1.0) -> None:
+        self.registry = r = CollectorRegistry()
+        self.model_name = model_name
+        self.snapshot_interval_s = snapshot_interval_s
+        labels = ["model_name"]
+        self.running = Gauge(
+            "vllm:num_requests_running", "Requests in model execution batches.", labels, registry=r
+        ).labels(model_name)
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be processed.", labels, registry=r
+        ).labels(model_name)
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels,
+            registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generation tokens processed.", labels, registry=r
+        ).labels(model_name)
+        self.success = Counter(
+            "vllm:request_success", "Successfully processed requests.",
+            [*labels, "finished_reason"], registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", labels,
+            buckets=TTFT_BUCKETS, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", labels,
+            buckets=ITL_BUCKETS, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End to end request latency in seconds.", labels,
+            buckets=LATENCY_BUCKETS, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds", "Time spent queued (API admission to first "
+            "schedule) in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.busy_seconds = Counter(
+            "fleetlm:engine_busy_seconds", "Seconds spent inside engine steps.", labels,
+            registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.busy_fraction = Gauge(
+            "fleetlm:gpu_busy_fraction", "Share of wall time spent inside engine steps over the "
+            "last snapshot interval.", labels, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.draining = Gauge(
+            "fleetlm:worker_draining", "1 while the worker drains.", labels, registry=r
+        ).labels(model_name)
+        self._totals = _EngineTotals(model_name)
+        r.register(self._totals)
+        self._last_token: dict[str, float] = {}  # request id → time of its latest token
+        self._last_snapshot = 0.0
+        self._busy_since_snapshot = 0.0
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
+
+    # -- hot path ------------------------------------------------------------------------
+
+    def on_step(self, deltas: list, busy_s: float) -> None:
+        self._busy_since_snapshot += busy_s
+        self.busy_seconds.inc(busy_s)
+        if not deltas:
+            return
+        now = time.time()
+        generated = 0
+        for d in deltas:
+            n = len(d.new_token_ids)
+            generated += n
+            if n:
+                last = self._last_token.get(d.request_id)
+                if last is not None:
+                    self.itl.observe((now - last) / n)
+                elif d.first_token_time is not None:
+                    self.ttft.observe(max(0.0, d.first_token_time - d.arrival_time))
+                self._last_token[d.request_id] = now
+            if d.finished:
+                self._on_finished(d, now)
+        if generated:
+            self.generation_tokens.inc(generated)
+
+    def _on_finished(self, d: Any, now: float) -> None:
+        self._last_token.pop(d.request_id, None)
+        self.prompt_tokens.inc(d.usage.prompt_tokens)
+        self.success.labels(self.model_name, d.finish_reason or "error").inc()
+        self.e2e.observe(max(0.0, (d.finish_time or now) - d.arrival_time))
+        if d.first_scheduled_time is not None:
+            self.queue_time.observe(max(0.0, d.first_scheduled_time - d.arrival_time))
+
+    def forget(self, request_id: str) -> None:
+        self._last_token.pop(request_id, None)
+
+    # -- export --------------------------------------------------------------------------
+
+    def snapshot_due(self, stats: Any, draining: bool) -> bytes | None:
+        """The exposition text, at most once per snapshot interval (None in between)."""
+        now = time.monotonic()
+        elapsed = now - self._last_snapshot
+        if elapsed < self.snapshot_interval_s:
+            return None
+        if self._last_snapshot:
+            self.busy_fraction.set(min(1.0, self._busy_since_snapshot / elapsed))
+        self._last_snapshot, self._busy_since_snapshot = now, 0.0
+        self.update(stats, draining)
+        return generate_latest(self.registry)
+
+    def update(self, stats: Any, draining: bool) -> None:
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_cache_usage)
+        self.draining.set(1 if draining else 0)
+        self._totals.stats = stats
