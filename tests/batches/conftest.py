@@ -14,11 +14,14 @@ BATCH_ENV = {
     "FLEETLM_BATCH_PUMP_INTERVAL_S": "0.2",
     "FLEETLM_BATCH_STALE_S": "3",
     "FLEETLM_BATCH_SWEEP_S": "1",
-    "FLEETLM_BATCH_MAX_INFLIGHT": "8",
+    "FLEETLM_BATCH_MAX_INFLIGHT": "48",
     "FLEETLM_CELERY_VISIBILITY_TIMEOUT_S": "30",
     "FLEETLM_BATCH_COMPLETION_WINDOWS": '["24h", "8s"]',
-    # Two sequences at a time, so a batch backlog builds up in the queue and the engine.
+    # Two sequences at a time, and a worker that takes batch work into its engine freely, so a
+    # batch backlog builds up in the engine's waiting queue, where priority decides the order.
     "FLEETLM_MAX_NUM_SEQS": "2",
+    "FLEETLM_WORKER_MAX_WAITING": "64",
+    "FLEETLM_BATCH_MAX_WAITING": "64",
 }
 FINAL = ("completed", "failed", "expired", "cancelled")
 
