@@ -1,3 +1,4 @@
+# syntax=docker/dockerfile:1.7
 # Slim image for everything but the GPU worker: `fleetlm api`, `migrate`, `metering`, `celery`.
 # These paths never import torch (tests/serving/test_torch_free.py), so it is not installed.
 FROM python:3.11-slim

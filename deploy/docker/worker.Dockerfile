@@ -1,3 +1,4 @@
+# syntax=docker/dockerfile:1.7
 # GPU worker image: NVIDIA's PyTorch container brings CUDA, cuDNN, NCCL, torch and triton built
 # for them; fleetlm is installed on top without touching that torch.
 ARG BASE=nvcr.io/nvidia/pytorch:25.09-py3
