@@ -60,7 +60,10 @@ class BatchBuilder:
             max_blocks = max(max_blocks, len(ids))
             if end - num_drafts == request.num_tokens:
                 # Rows that sample: the last one, or all 1 + num_drafts when verifying.
-                logits_indices.extend(range(query_start[-1] - 1 - num_drafts, query_start[-1]))
+                if num_drafts:
+                    logits_indices.extend(range(query_start[-1] - 1 - num_drafts, query_start[-1]))
+                else:
+                    logits_indices.append(query_start[-1] - 1)
                 sampling.append(request)
 
         num_seqs, num_tokens = len(out.requests), len(tokens)

@@ -119,7 +119,8 @@ class Scheduler:
                 budget -= 1 + num_drafts
                 i += 1
                 continue
-            _clear_drafts(request)
+            if request.spec_slots or request.spec_token_ids:
+                _clear_drafts(request)
             while not self.block_manager.allocate_slots(request, num_new):
                 if len(self.running) == 1:
                     self._fail_unfittable(request, out)
@@ -268,6 +269,18 @@ class Scheduler:
                 continue
             tokens = sampled[k]
             k += 1
+            if request.first_token_time is None:
+                request.first_token_time = now
+            advanced.append(request)
+            if not drafts and not request.spec_slots and type(tokens) is int:
+                # The common case: one sampled token and no blocks reserved for drafts.
+                request.token_ids.append(tokens)
+                reason = self._stop_reason(request, tokens)
+                if reason is not None:
+                    self.finish(request, reason)
+                else:
+                    bm.cache_full_blocks(request)
+                continue
             if isinstance(tokens, int):
                 tokens = [tokens]
             if drafts:
@@ -283,9 +296,6 @@ class Scheduler:
                 self.num_spec_accepted_tokens += num_accepted
                 observe_acceptance(request, len(drafts), num_accepted)
                 _clear_drafts(request)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            advanced.append(request)
             reason = None
             for token in tokens:  # exactly as token-by-token decoding would stop
                 request.token_ids.append(token)
