@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
+    # Speculative decoding (docs/speculative.md): "ngram" or "draft" (with draft_model).
+    speculative_method: Literal["ngram", "draft"] | None = None
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
     torch_threads: int | None = None  # CPU workers: intra-op threads (None → torch's default)
 
     # -- operations (docs/operations.md) ---------------------------------------------------

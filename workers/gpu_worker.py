@@ -57,6 +57,9 @@ def build_engine(settings: Settings) -> LLMEngine:
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_num_seqs=settings.max_num_seqs,
             enable_prefix_caching=settings.enable_prefix_caching,
+            speculative_method=settings.speculative_method,
+            num_speculative_tokens=settings.num_speculative_tokens,
+            draft_model=settings.draft_model,
         )
     )
 
@@ -342,6 +345,8 @@ class GpuWorker:
             "cached_tokens": delta.usage.cached_tokens,
             "completion_tokens": delta.usage.completion_tokens,
             "preemptions": delta.usage.preemptions,
+            "spec_proposed_tokens": delta.usage.spec_proposed_tokens,
+            "spec_accepted_tokens": delta.usage.spec_accepted_tokens,
         }
         if not delta.finished:
             event = {"type": "delta", "text": delta.new_text, "worker": self.worker_id}

@@ -79,7 +79,8 @@ class QueuedRequest:
 # Output events, one JSON object in field "e" of each fleetlm:out:{id} entry:
 #   {"type": "delta", "text": str, "worker": id, "completion_tokens": n}
 #   {"type": "done", "text": str, "worker": id, "finish_reason": "stop"|"length",
-#    "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "preemptions"}}
+#    "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "preemptions",
+#              "spec_proposed_tokens", "spec_accepted_tokens"}}
 #   {"type": "error", "message": str, "code": str, "worker": id | None, "usage": {...} | None}
 # "done" and "error" are final; a relay stops reading there.
 FINAL_EVENTS = ("done", "error")

@@ -116,19 +116,33 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    # Speculative decoding's draft tokens, in OpenAI's predicted-output fields: accepted drafts
+    # are part of completion_tokens, rejected ones are not (they cost compute, not output).
+    reasoning_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
 
     @classmethod
     def from_event(cls, usage: dict[str, Any]) -> Usage:
         prompt = int(usage.get("prompt_tokens", 0))
         completion = int(usage.get("completion_tokens", 0))
+        accepted = int(usage.get("spec_accepted_tokens", 0))
         return cls(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=prompt + completion,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.get("cached_tokens", 0)),
+            completion_tokens_details=CompletionTokensDetails(
+                accepted_prediction_tokens=accepted,
+                rejected_prediction_tokens=int(usage.get("spec_proposed_tokens", 0)) - accepted,
+            ),
         )
