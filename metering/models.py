@@ -22,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     Uuid,
     func,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -119,6 +120,10 @@ class UsageRecord(Base):
     cached_tokens: Mapped[int] = mapped_column(Integer)  # part of prompt_tokens
     completion_tokens: Mapped[int] = mapped_column(Integer)
     preemptions: Mapped[int] = mapped_column(Integer)
+    # Speculative decoding: draft tokens proposed and accepted (accepted ones are in
+    # completion_tokens; the rest cost GPU time but are not billed as output).
+    spec_proposed_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    spec_accepted_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     queue_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     tpot_ms: Mapped[float | None] = mapped_column(Float)

@@ -44,6 +44,8 @@ def usage_row(fields: dict[str, str]) -> dict[str, Any]:
         "cached_tokens": int(fields.get("cached_tokens") or 0),
         "completion_tokens": int(fields["completion_tokens"]),
         "preemptions": int(fields.get("preemptions") or 0),
+        "spec_proposed_tokens": int(fields.get("spec_proposed_tokens") or 0),
+        "spec_accepted_tokens": int(fields.get("spec_accepted_tokens") or 0),
         "queue_ms": _ms(fields.get("queue_ms")),
         "ttft_ms": _ms(fields.get("ttft_ms")),
         "tpot_ms": _ms(fields.get("tpot_ms")),

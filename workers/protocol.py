@@ -99,7 +99,8 @@ def decode_event(fields: dict) -> dict[str, Any]:
 USAGE_FIELDS = (
     "request_id", "tenant_id", "key_id", "model", "priority", "endpoint", "batch_id",
     "status", "finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens",
-    "preemptions", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "worker_id",
+    "preemptions", "spec_proposed_tokens", "spec_accepted_tokens",
+    "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "worker_id",
     "enqueued_at", "finished_at", "error",
 )  # fmt: skip
 

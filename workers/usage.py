@@ -44,6 +44,8 @@ def usage_record(
         "cached_tokens": usage.get("cached_tokens", 0),
         "completion_tokens": n,
         "preemptions": usage.get("preemptions", 0),
+        "spec_proposed_tokens": usage.get("spec_proposed_tokens", 0),
+        "spec_accepted_tokens": usage.get("spec_accepted_tokens", 0),
         "queue_ms": _ms(arrival, scheduled if scheduled is not None else finished),
         "ttft_ms": _ms(arrival, first),
         "tpot_ms": tpot,

@@ -23,6 +23,8 @@ def usage_fields(tenant_id: uuid.UUID, **over) -> dict[str, str]:
         "cached_tokens": 4,
         "completion_tokens": 7,
         "preemptions": 0,
+        "spec_proposed_tokens": 0,
+        "spec_accepted_tokens": 0,
         "queue_ms": "1.5",
         "ttft_ms": "20.0",
         "tpot_ms": "5.0",

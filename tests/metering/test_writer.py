@@ -39,6 +39,20 @@ def test_one_row_per_record_and_redelivery_is_ignored(writer, clean, db, tenant_
     assert row.ttft_ms == 20.0 and row.batch_id is None and row.error is None
 
 
+def test_draft_token_counts_are_recorded(writer, clean, db, tenant_id):
+    spec = usage_fields(tenant_id, spec_proposed_tokens=12, spec_accepted_tokens=9)
+    plain = usage_fields(tenant_id)
+    for r in (spec, plain):
+        clean.xadd(STREAM, r)
+    drain(writer)
+    with db() as s:
+        rows = {
+            r.request_id: (r.spec_proposed_tokens, r.spec_accepted_tokens)
+            for r in s.scalars(select(UsageRecord).filter_by(tenant_id=tenant_id))
+        }
+    assert rows == {spec["request_id"]: (12, 9), plain["request_id"]: (0, 0)}
+
+
 def test_postgres_down_records_wait_in_redis(services, writer, clean, db, tenant_id):
     before = [usage_fields(tenant_id) for _ in range(3)]
     for r in before:
