@@ -66,14 +66,7 @@ async def list_batches(
             found = batches.list_batches(session, principal.tenant_id, after=after, limit=limit + 1)
             return [BatchObject.of(b) for b in found]
 
-    data = await asyncio.to_thread(load)
-    page = data[:limit]
-    return BatchList(
-        data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(data) > limit,
-    )
+    return BatchList.page(await asyncio.to_thread(load), limit)
 
 
 @router.get("/v1/batches/{batch_id}")

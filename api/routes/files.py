@@ -69,14 +69,7 @@ async def list_files(
             )
             return [FileObject.of(f) for f in found]
 
-    data = await asyncio.to_thread(load)
-    page = data[:limit]
-    return FileList(
-        data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(data) > limit,
-    )
+    return FileList.page(await asyncio.to_thread(load), limit)
 
 
 @router.get("/v1/files/{file_id}")

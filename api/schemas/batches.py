@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from api.schemas.pages import ListPage
 from metering.batch_models import Batch
 
 
@@ -85,9 +86,5 @@ class BatchObject(BaseModel):
         )
 
 
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
+class BatchList(ListPage):
     data: list[BatchObject]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool = False

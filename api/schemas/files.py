@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from api.schemas.pages import ListPage
 from metering.batch_models import StoredFile
 
 
@@ -28,12 +29,8 @@ class FileObject(BaseModel):
         )
 
 
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
+class FileList(ListPage):
     data: list[FileObject]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool = False
 
 
 class FileDeleted(BaseModel):
