@@ -1,18 +1,34 @@
-# CUDA graphs for pure-decode steps. A decode step at batch B launches a few hundred small
-# kernels; replaying a captured graph issues them in one call. Graphs are captured for a ladder
-# of batch sizes; a step is padded up to the next captured size. Padding rows carry slot -1
-# (store_kv skips them) and seq_len 0 (attention writes nothing useful, nobody reads it).
+# CUDA graphs for steps made only of decodes. A decode step at batch B launches a few hundred
+# small kernels; replaying a captured graph issues them in one call. Graphs are captured for a
+# ladder of batch sizes; a step is padded up to the next captured size.
 #
-# Static buffers (allocated once, written before every replay):
-#   input_ids, positions, slot_mapping: [max_bs]
-#   seq_lens: [max_bs] int32; block_tables: [max_bs, max_blocks_per_seq] int32
-#   logits: [max_bs, vocab] float32, the graph's output
+# Two shapes share this class:
+#   query_len == 1: plain decode steps (every sequence has one query token) through the split-KV
+#     decode kernel. Padding rows carry slot -1 (store_kv skips them) and seq_len 0.
+#   query_len == Q > 1: speculative verify steps (every sequence has 1 to Q query tokens: the
+#     pending token and its drafts) through the varlen extend kernel. Real tokens are packed at
+#     the front; query_start_loc gives each sequence its real length, and the padding tokens
+#     after the last real one (slot -1) belong to no sequence, so attention leaves them alone
+#     and they only cost their share of the dense layers. Padding sequences have no tokens.
+# The step function may run more than the target (a draft model's forward keeps its cache in
+# sync, spec_draft.py): whatever it launches is captured with it.
+#
+# Static buffers (allocated once, written before every replay), T = max_bs * query_len:
+#   input_ids, positions, slot_mapping: [T]
+#   seq_lens: [max_bs] int32; block_tables: [max_bs, max_blocks] int32
+#   query_start_loc: [max_bs + 1] int32
+#   logits: [T, vocab] float32, the graph's output (every real token samples in these steps)
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from engine.attention import AttentionMetadata
 from engine.batch_builder import PreparedBatch
+
+# (input_ids [T], positions [T], meta) -> hidden [T, hidden_size]
+StepForward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -21,96 +37,139 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return [*sizes, max_num_seqs]
 
 
-class DecodeGraphs:
+class StepGraphs:
     def __init__(
-        self, model, kv_caches, cos_sin, max_num_seqs: int, max_model_len: int, block_size: int
+        self,
+        forward: StepForward,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        vocab_size: int,
+        num_kv_heads: int,
+        device: torch.device,
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        query_len: int = 1,
     ):
         from kernels.paged_decode_attention import choose_num_splits
 
-        self.model = model
-        self.kv_caches = kv_caches
-        self.cos_sin = cos_sin
-        self.device = kv_caches.device
+        self.forward = forward
+        self.compute_logits = compute_logits
+        self.device = device
+        self.query_len = query_len
         self.sizes = capture_sizes(max_num_seqs)
         self.max_bs = self.sizes[-1]
         self.max_blocks = -(-max_model_len // block_size)
         self.max_seq_len = self.max_blocks * block_size
-        cfg = model.config
-        d = self.device
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=d)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=d)
-        self.slot_mapping = torch.full((self.max_bs,), -1, dtype=torch.int64, device=d)
+        d = device
+        num_tokens = self.max_bs * query_len
+        self.input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=d)
+        self.positions = torch.zeros(num_tokens, dtype=torch.int64, device=d)
+        self.slot_mapping = torch.full((num_tokens,), -1, dtype=torch.int64, device=d)
         self.seq_lens = torch.zeros(self.max_bs, dtype=torch.int32, device=d)
         self.block_tables = torch.zeros(self.max_bs, self.max_blocks, dtype=torch.int32, device=d)
-        self.query_start_loc = torch.arange(self.max_bs + 1, dtype=torch.int32, device=d)
-        self.logits = torch.zeros(self.max_bs, cfg.vocab_size, dtype=torch.float32, device=d)
+        if query_len == 1:
+            self.query_start_loc = torch.arange(self.max_bs + 1, dtype=torch.int32, device=d)
+        else:
+            self.query_start_loc = torch.zeros(self.max_bs + 1, dtype=torch.int32, device=d)
+        self.logits = torch.zeros(num_tokens, vocab_size, dtype=torch.float32, device=d)
         # Split count is part of the captured grid; splits divide each row's own context, so
         # one count serves every context length (empty splits exit at once).
         self.num_splits = {
-            bs: choose_num_splits(bs, cfg.num_kv_heads, min(self.max_seq_len, 8192))
+            bs: choose_num_splits(bs, num_kv_heads, min(self.max_seq_len, 8192))
             for bs in self.sizes
         }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None
 
     def _meta(self, bs: int) -> AttentionMetadata:
+        if self.query_len == 1:
+            return AttentionMetadata(
+                slot_mapping=self.slot_mapping[:bs],
+                block_tables=self.block_tables[:bs],
+                seq_lens=self.seq_lens[:bs],
+                query_start_loc=self.query_start_loc[: bs + 1],
+                num_decodes=bs,
+                max_query_len=1,
+                max_seq_len=self.max_seq_len,
+                prefill_query_start_loc=None,
+                max_decode_seq_len=self.max_seq_len,
+                decode_num_splits=self.num_splits[bs],
+            )
+        qsl = self.query_start_loc[: bs + 1]
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:bs],
+            slot_mapping=self.slot_mapping[: bs * self.query_len],
             block_tables=self.block_tables[:bs],
             seq_lens=self.seq_lens[:bs],
-            query_start_loc=self.query_start_loc[: bs + 1],
-            num_decodes=bs,
-            max_query_len=1,
+            query_start_loc=qsl,
+            num_decodes=0,
+            max_query_len=self.query_len,  # a bound: shorter sequences leave programs idle
             max_seq_len=self.max_seq_len,
-            prefill_query_start_loc=None,
-            max_decode_seq_len=self.max_seq_len,
-            decode_num_splits=self.num_splits[bs],
+            prefill_query_start_loc=qsl,
         )
 
     def _run(self, bs: int) -> None:
-        hidden = self.model(
-            self.input_ids[:bs], self.positions[:bs], self._meta(bs), self.kv_caches, self.cos_sin
-        )
-        self.logits[:bs] = self.model.compute_logits(hidden)
+        t = bs * self.query_len
+        hidden = self.forward(self.input_ids[:t], self.positions[:t], self._meta(bs))
+        self.logits[:t] = self.compute_logits(hidden)
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        # Largest first, so smaller graphs reuse the big one's memory pool.
+    def capture(self, pool=None):
+        """Capture every size into `pool` (None: a new one); returns the pool for sharing."""
+        if self.device.type != "cuda":
+            return pool  # nothing to capture: replay runs the same path eagerly (CPU tests)
+        # Largest first, so smaller graphs reuse the big one's memory.
         for bs in reversed(self.sizes):
             for _ in range(2):  # warm-up: Triton compiles and autotunes outside capture
                 self._run(bs)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=pool):
                 self._run(bs)
-            if self.pool is None:
-                self.pool = graph.pool()
+            if pool is None:
+                pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize(self.device)
+        return pool
 
-    def can_run(self, num_seqs: int, num_decodes: int, max_blocks: int) -> bool:
+    def can_run(self, batch: PreparedBatch) -> bool:
+        meta = batch.meta
+        num_seqs = meta.seq_lens.shape[0]
+        if not 0 < num_seqs <= self.max_bs or meta.block_tables.shape[1] > self.max_blocks:
+            return False
+        if self.query_len == 1:
+            return meta.num_decodes == num_seqs
+        # Verify shape: every sequence ends its prompt or decodes, so every token samples.
         return (
-            num_seqs == num_decodes
-            and 0 < num_seqs <= self.max_bs
-            and max_blocks <= self.max_blocks
+            meta.max_query_len <= self.query_len
+            and batch.logits_indices.shape[0] == batch.input_ids.shape[0]
         )
 
     def padded_size(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)
 
     def replay(self, batch: PreparedBatch) -> torch.Tensor:
-        """Logits [num_seqs, vocab] of a pure-decode batch (every row samples)."""
+        """Logits [num_tokens, vocab] of a batch can_run accepted (every token samples)."""
         meta = batch.meta
         n = meta.seq_lens.shape[0]
+        t = batch.input_ids.shape[0]
         bs = self.padded_size(n)
         width = meta.block_tables.shape[1]
-        self.input_ids[:n].copy_(batch.input_ids)
-        self.positions[:n].copy_(batch.positions)
-        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.input_ids[:t].copy_(batch.input_ids)
+        self.positions[:t].copy_(batch.positions)
+        self.slot_mapping[:t].copy_(meta.slot_mapping)
         self.seq_lens[:n].copy_(meta.seq_lens)
         self.block_tables[:n, :width].copy_(meta.block_tables)
         if bs > n:
-            self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].fill_(0)
-        self.graphs[bs].replay()
-        return self.logits[:n]
+        if self.query_len == 1:
+            if bs > n:
+                self.slot_mapping[n:bs].fill_(-1)
+        else:
+            self.slot_mapping[t : bs * self.query_len].fill_(-1)
+            self.query_start_loc[: n + 1].copy_(meta.query_start_loc)
+            self.query_start_loc[n + 1 : bs + 1].fill_(t)
+        if self.device.type == "cuda":
+            self.graphs[bs].replay()
+        else:  # the same static-buffer path, run eagerly (tests the layout on the CPU)
+            self._run(bs)
+        return self.logits[:t]

@@ -49,3 +49,16 @@ def allocate_kv_caches(
     shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
     # Zeroed so padding rows of a captured graph never read NaN garbage.
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def profile_lengths(
+    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int
+) -> list[int]:
+    """Sequence lengths of the worst prefill step the memory profile runs: the full token
+    budget (or as much as max_num_seqs sequences of max_model_len can hold), spread as evenly
+    as possible over as few sequences as the length cap allows (longer sequences make the
+    attention working set larger than many short ones)."""
+    num_tokens = min(max_num_batched_tokens, max_num_seqs * max_model_len)
+    num_seqs = -(-num_tokens // max_model_len)
+    per_seq, extra = divmod(num_tokens, num_seqs)
+    return [per_seq + (i < extra) for i in range(num_seqs)]

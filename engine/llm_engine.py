@@ -74,7 +74,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or min(rope_len, num_blocks * config.block_size)
         self.runner.max_model_len = self.max_model_len
         if self.device.type == "cuda" and config.use_cuda_graphs:
-            self.runner.capture_decode_graphs(config.max_num_seqs)
+            self.runner.capture_graphs(config.max_num_seqs)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )

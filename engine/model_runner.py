@@ -12,8 +12,8 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.batch_builder import BatchBuilder
 from engine.config import EngineConfig
-from engine.cuda_graphs import DecodeGraphs
-from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget
+from engine.cuda_graphs import StepGraphs
+from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget, profile_lengths
 from engine.models.config import ModelConfig
 from engine.models.loader import build_model
 from engine.models.rope import cos_sin_cache
@@ -70,7 +70,8 @@ class ModelRunner:
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
         self.batch_builder = BatchBuilder(self.block_size, device)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None  # pure-decode steps
+        self.verify_graphs: StepGraphs | None = None  # decodes with drafts (speculation on)
         # Benchmarks set a list here to collect (start, end) CUDA events of every step.
         self.step_events: list | None = None
 
@@ -88,18 +89,12 @@ class ModelRunner:
         sampling = self._sampling_batch(batch.sampling_requests, batch.has_drafts)
         t1 = time.perf_counter()
         meta = batch.meta
-        # Steps with drafts are never pure decode (num_decodes < num_seqs): they run eager.
-        if self.graphs is not None and self.graphs.can_run(
-            len(out.requests), out.num_decodes, meta.block_tables.shape[1]
-        ):
-            logits = self.graphs.replay(batch)
+        graphs = self._graphs_for(batch)
+        if graphs is not None:
+            logits = graphs.replay(batch)  # every token samples in these steps
         else:
-            hidden = self.model(
-                batch.input_ids, batch.positions, meta, self.kv_caches, self.cos_sin
-            )
+            hidden = self._forward(batch.input_ids, batch.positions, meta)
             logits = self.model.compute_logits(hidden[batch.logits_indices])
-        if self.draft is not None:
-            self.draft.forward(batch.input_ids, batch.positions, meta)
         t2 = time.perf_counter()
         if batch.has_drafts:
             vocab = self.model_config.vocab_size
@@ -131,16 +126,44 @@ class ModelRunner:
         vocab = self.model_config.vocab_size
         return SamplingBatch.from_requests(requests, vocab, self.device, self.eos_token_ids)
 
-    def capture_decode_graphs(self, max_num_seqs: int) -> None:
-        self.graphs = DecodeGraphs(
-            self.model,
-            self.kv_caches,
-            self.cos_sin,
-            max_num_seqs,
-            self.max_model_len,
-            self.block_size,
-        )
-        self.graphs.capture()
+    def _forward(self, input_ids, positions, meta) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] of the target; a draft model sees the same batch
+        so its cache holds every token the target's does (spec_draft.py)."""
+        hidden = self.model(input_ids, positions, meta, self.kv_caches, self.cos_sin)
+        if self.draft is not None:
+            self.draft.forward(input_ids, positions, meta)
+        return hidden
+
+    def _graphs_for(self, batch) -> StepGraphs | None:
+        for graphs in (self.graphs, self.verify_graphs):
+            if graphs is not None and graphs.can_run(batch):
+                return graphs
+        return None
+
+    def capture_graphs(self, max_num_seqs: int) -> None:
+        """Decode graphs, and with speculation also verify graphs (up to k drafts per
+        sequence) and the draft model's proposal chains. One memory pool serves them all:
+        steps never overlap."""
+
+        def step_graphs(query_len: int) -> StepGraphs:
+            return StepGraphs(
+                self._forward, self.model.compute_logits,
+                vocab_size=self.model_config.vocab_size,
+                num_kv_heads=self.model_config.num_kv_heads, device=self.device,
+                max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
+                block_size=self.block_size, query_len=query_len,
+            )  # fmt: skip
+
+        pool = None
+        if self.config.speculative_method is not None:
+            self.verify_graphs = step_graphs(1 + self.config.num_speculative_tokens)
+            pool = self.verify_graphs.capture(pool)
+        self.graphs = step_graphs(1)
+        pool = self.graphs.capture(pool)
+        if self.draft is not None:
+            self.draft.capture_graphs(
+                self.config.num_speculative_tokens, max_num_seqs, self.max_model_len, pool
+            )
 
     # -- memory profile ------------------------------------------------------------------
 
@@ -148,16 +171,15 @@ class ModelRunner:
     def _profile_activation_peak(self) -> int:
         """Run a full-budget prefill against a scratch KV cache and measure the activation
         peak, so the pool leaves room for the worst step."""
-        num_tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
-        num_seqs = max(1, min(self.config.max_num_seqs, num_tokens))
-        num_blocks = num_seqs * (-(-num_tokens // num_seqs // self.block_size) + 1)
+        lens = profile_lengths(
+            self.config.max_num_batched_tokens, self.config.max_num_seqs, self.max_model_len
+        )
+        num_tokens, num_seqs = sum(lens), len(lens)
+        blocks_per_seq = -(-max(lens) // self.block_size)
+        num_blocks = num_seqs * blocks_per_seq
         scratch = allocate_kv_caches(
             self.model_config, num_blocks, self.block_size, self.dtype, self.device
         )
-        per_seq = num_tokens // num_seqs
-        lens = [per_seq] * num_seqs
-        lens[-1] += num_tokens - per_seq * num_seqs
-        blocks_per_seq = num_blocks // num_seqs
         tables = torch.arange(num_blocks, dtype=torch.int32, device=self.device).view(num_seqs, -1)
         qsl = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
@@ -171,14 +193,16 @@ class ModelRunner:
             query_start_loc=qsl, num_decodes=0, max_query_len=max(lens), max_seq_len=max(lens),
             prefill_query_start_loc=qsl,
         )  # fmt: skip
-        assert blocks_per_seq * self.block_size >= max(lens)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
         ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
         hidden = self.model(ids, positions, meta, scratch, self.cos_sin)
-        logits = self.model.compute_logits(hidden[-num_seqs:])
+        # The most rows a step samples: every sequence, each with its drafts when verifying.
+        drafts = self.config.num_speculative_tokens if self.config.speculative_method else 0
+        rows = min(num_tokens, self.config.max_num_seqs * (1 + drafts))
+        logits = self.model.compute_logits(hidden[-rows:])
         torch.softmax(logits, dim=-1).sort(dim=-1)  # the sampler's worst case (top-p)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base

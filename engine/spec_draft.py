@@ -13,7 +13,9 @@
 # land at or past num_computed_tokens, in the request's own unpublished blocks, where the
 # target's next pass overwrites them anyway. The passes chain on the device; the drafts cross
 # to the host in one copy at the end.
-# Steps that run the draft are eager: the decode CUDA graphs capture the target alone.
+# On CUDA the draft's forward over the target's batch is captured inside the runner's step
+# graphs, and the greedy proposal chain (k passes) is one captured graph per batch size
+# (draft_graphs.py); sampled requests and batches the graphs do not cover run eagerly.
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,6 +58,7 @@ class DraftProposer:
         # Bench/test hook: each draft token is replaced by a random other token with this
         # probability, to dial in an acceptance rate (a draft equal to the target accepts ~all).
         self.corrupt_fraction = 0.0
+        self.graphs = None  # DraftChainGraphs once captured (CUDA)
         self._rng = np.random.default_rng(seed)
 
     def bytes_per_block(self) -> int:
@@ -74,11 +77,60 @@ class DraftProposer:
     def plan(self, requests: list[Request]) -> None:
         pass  # needs the slots the scheduler reserves: proposes in propose()
 
+    def capture_graphs(self, k: int, max_num_seqs: int, max_model_len: int, pool=None):
+        from engine.draft_graphs import DraftChainGraphs
+
+        self.graphs = DraftChainGraphs(self, k, max_num_seqs, max_model_len)
+        return self.graphs.capture(pool)
+
+    def draft_pass(
+        self,
+        j: int,
+        ids: torch.Tensor,  # [n] int64: the token each row feeds this pass
+        last_pos: torch.Tensor,  # [n] int64: position of each row's pending token
+        limit: torch.Tensor,  # [n] int64: drafts wanted per row; rows past theirs idle
+        block_tables: torch.Tensor,  # [n, width] int32
+        query_start: torch.Tensor,  # [n + 1] int32 (arange)
+        max_seq_len: int,
+        num_splits: int | None = None,
+    ) -> torch.Tensor:
+        """Pass j of the proposal chain: the draft's logits [n, vocab] for draft j + 1. Only
+        device ops, so the chain can be graph-captured."""
+        bs = self.block_size
+        # Rows past their own slot count idle at their last real position, writing nothing.
+        active = j < limit
+        pos = torch.where(active, last_pos + j, last_pos)
+        block = block_tables.gather(1, (pos // bs).unsqueeze(1)).squeeze(1)
+        slots = torch.where(active, block.long() * bs + pos % bs, -1)
+        meta = AttentionMetadata(
+            slot_mapping=slots, block_tables=block_tables,
+            seq_lens=(pos + 1).to(torch.int32), query_start_loc=query_start,
+            num_decodes=ids.shape[0], max_query_len=1, max_seq_len=max_seq_len,
+            max_decode_seq_len=max_seq_len, decode_num_splits=num_splits,
+        )  # fmt: skip
+        hidden = self.model(ids, pos, meta, self.kv_caches, self.cos_sin)
+        return self.model.compute_logits(hidden)
+
     @torch.inference_mode()
     def propose(self, requests: list[Request]) -> None:
         """requests: decodes granted spec_slots draft slots each; fills spec_token_ids (and
         spec_draft_probs for sampled requests)."""
-        bs, dev = self.block_size, self.device
+        num_slots = [r.spec_slots for r in requests]
+        sampled_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
+        q_all = None
+        if not sampled_rows and self.graphs is not None and self.graphs.can_run(requests):
+            table = self.graphs.run(requests)  # [n, k] greedy drafts, captured chain
+        else:
+            table, q_all = self._propose_eager(requests, sampled_rows)
+        for i, r in enumerate(requests):
+            r.spec_token_ids = table[i][: num_slots[i]]
+        for row, i in enumerate(sampled_rows):
+            requests[i].spec_draft_probs = q_all[row, : num_slots[i]]
+        if self.corrupt_fraction > 0:
+            self._corrupt(requests)
+
+    def _propose_eager(self, requests: list[Request], sampled_rows: list[int]):
+        dev = self.device
         n = len(requests)
         num_slots = [r.spec_slots for r in requests]
         k = max(num_slots)
@@ -91,8 +143,8 @@ class DraftProposer:
         limit = torch.tensor(num_slots, device=dev)
         ids = torch.tensor([r.token_ids[-1] for r in requests], device=dev)  # [n]
         query_start = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        max_seq_len = max(r.num_tokens for r in requests) + k
-        sampled_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
+        # Longest context a pass attends to: the pending token plus the drafts before it.
+        max_seq_len = max(r.num_tokens + s - 1 for r, s in zip(requests, num_slots))
         temps = torch.tensor(
             [requests[i].params.temperature for i in sampled_rows], device=dev
         ).unsqueeze(1)
@@ -104,19 +156,8 @@ class DraftProposer:
         drafts: list[torch.Tensor] = []  # k × [n]
         probs: list[torch.Tensor] = []  # k × [len(sampled_rows), vocab]
         for j in range(k):
-            # Rows past their own slot count idle at their last real position, writing nothing.
-            active = j < limit
-            pos = torch.where(active, last_pos + j, last_pos)
-            block = block_tables.gather(1, (pos // bs).unsqueeze(1).to(torch.int64)).squeeze(1)
-            slots = torch.where(active, block.long() * bs + pos % bs, -1)
-            meta = AttentionMetadata(
-                slot_mapping=slots, block_tables=block_tables,
-                seq_lens=(pos + 1).to(torch.int32), query_start_loc=query_start,
-                num_decodes=n, max_query_len=1, max_seq_len=max_seq_len,
-                max_decode_seq_len=max_seq_len,
-            )  # fmt: skip
-            hidden = self.model(ids, pos, meta, self.kv_caches, self.cos_sin)
-            logits = self.model.compute_logits(hidden)  # [n, vocab]
+            logits = self.draft_pass(j, ids, last_pos, limit, block_tables, query_start,
+                                     max_seq_len)  # fmt: skip
             ids = logits.argmax(dim=-1)
             if sampled_rows:
                 # Sampled requests draw from the draft's own tempered distribution q, which
@@ -133,12 +174,7 @@ class DraftProposer:
             drafts.append(ids)
         table = torch.stack(drafts, dim=1).tolist()  # [n, k]: the one D2H copy
         q_all = torch.stack(probs, dim=1) if probs else None  # [len(sampled_rows), k, vocab]
-        for i, r in enumerate(requests):
-            r.spec_token_ids = table[i][: num_slots[i]]
-        for row, i in enumerate(sampled_rows):
-            requests[i].spec_draft_probs = q_all[row, : num_slots[i]]
-        if self.corrupt_fraction > 0:
-            self._corrupt(requests)
+        return table, q_all
 
     def _corrupt(self, requests: list[Request]) -> None:
         vocab = self.model_config.vocab_size

@@ -79,6 +79,30 @@ def test_cuda_graphs_match_eager(model_dir):
         assert a.token_ids == b.token_ids
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculation_with_graphs_matches_plain_decoding(model_dir, method):
+    # Verify steps and the draft's proposal chain replay captured graphs; greedy text must be
+    # what plain decoding gives (float32, so kernel rounding cannot flip an argmax).
+    prompts = [p * 3 for p in _prompts()]  # repeated: n-gram lookup always finds a match
+    plain = LLM(str(model_dir), device="cuda", dtype="float32", num_kv_blocks=128).generate(
+        prompts, GREEDY
+    )
+    extra = {"draft_model": str(model_dir)} if method == "draft" else {}
+    llm = LLM(str(model_dir), device="cuda", dtype="float32", num_kv_blocks=128, max_num_seqs=8,
+              speculative_method=method, spec_min_acceptance=0.0, **extra)  # fmt: skip
+    runner = llm.engine.runner
+    assert runner.verify_graphs is not None and runner.verify_graphs.graphs
+    replays = []
+    replay = runner.verify_graphs.replay
+    runner.verify_graphs.replay = lambda batch: replays.append(1) or replay(batch)
+    for a, b in zip(plain, llm.generate(prompts, GREEDY)):
+        assert a.token_ids == b.token_ids
+    assert replays
+    if method == "draft":
+        assert runner.draft.graphs is not None and runner.draft.graphs.graphs
+        assert llm.engine.stats().spec_decode_num_accepted_tokens > 0
+
+
 def test_kv_pool_is_sized_from_free_memory():
     llm = LLM("tiny", device="cuda", gpu_memory_utilization=0.05, max_num_seqs=4)
     _, total = torch.cuda.mem_get_info()

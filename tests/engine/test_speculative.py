@@ -361,3 +361,27 @@ def test_ngram_lookup():
 def test_config_rejects_bad_speculation_options(kwargs):
     with pytest.raises(ValueError):
         EngineConfig(model="tiny", **kwargs)
+
+
+def test_graph_layouts_stay_exact(family_case, draft_dir):
+    # The CUDA-graph paths (decode and verify steps on static, padded buffers; the draft's
+    # captured proposal chain) run eagerly on the CPU over the very same buffers, so their
+    # packing — padding tokens and sequences, per-sequence query lengths — is checked here.
+    directory, prompts, expected = family_case
+    llm = _llm(directory, speculative_method="draft", draft_model=str(draft_dir), max_num_seqs=5)
+    runner = llm.engine.runner
+    runner.capture_graphs(5)  # sizes 1, 2, 4, 5: most steps pad
+    used = {"decode": 0, "verify": 0, "chain": 0}
+
+    def counting(name, fn):
+        def wrapper(*args):
+            used[name] += 1
+            return fn(*args)
+
+        return wrapper
+
+    runner.graphs.replay = counting("decode", runner.graphs.replay)
+    runner.verify_graphs.replay = counting("verify", runner.verify_graphs.replay)
+    runner.draft.graphs.run = counting("chain", runner.draft.graphs.run)
+    _check(llm, llm.generate(prompts, GREEDY), expected)
+    assert used["verify"] > 0 and used["chain"] > 0, used
