@@ -85,17 +85,23 @@ class OracleProposer:
         return traj
 
     def _fill(self, requests: list[Request], slots: list[int]) -> None:
-        for r, k in zip(requests, slots):
+        # Random draws for the whole batch at once: the oracle's own host cost stays far below
+        # a real proposer's, so the figures are the engine's.
+        n, k, vocab = len(requests), max(slots), self.vocab
+        spoil = self._rng.random((n, k)) < self.corrupt_fraction
+        shift = self._rng.integers(1, vocab, (n, k))
+        filler = self._rng.integers(0, vocab, (n, k))
+        for i, (r, s) in enumerate(zip(requests, slots)):
             traj = self._trajectory(r)
-            n = r.num_output_tokens
-            drafts = list(traj[n : n + k]) if traj is not None else []
-            drafts += [int(t) for t in self._rng.integers(0, self.vocab, k - len(drafts))]
-            spoil = self._rng.random(k) < self.corrupt_fraction
-            shift = self._rng.integers(1, self.vocab, k)
-            r.spec_token_ids = [
-                (t + int(s)) % self.vocab if bad else t for t, bad, s in zip(drafts, spoil, shift)
-            ]
-            r.spec_slots = k
+            m = r.num_output_tokens
+            drafts = traj[m : m + s] if traj is not None else []
+            if len(drafts) < s:  # diverged or past the record: drafts that will be rejected
+                drafts = drafts + filler[i, len(drafts) : s].tolist()
+            if spoil[i, :s].any():
+                drafts = [(t + int(d)) % vocab if bad else t
+                          for t, bad, d in zip(drafts, spoil[i], shift[i])]  # fmt: skip
+            r.spec_token_ids = drafts
+            r.spec_slots = s
             r.spec_draft_probs = None  # greedy runs: drafts verify as point masses
 
     def plan(self, requests: list[Request]) -> None:

@@ -159,10 +159,10 @@ class LLMEngine:
         deltas, self._pending = self._pending, []
         t0 = time.perf_counter()
         spec = self.speculator
-        if spec is not None:
-            spec.plan(self.scheduler.running)
+        drafting = spec is not None and spec.plan(self.scheduler.running)
         out = self.scheduler.schedule()
-        if spec is not None and not out.is_empty:
+        if drafting and not out.is_empty:
+            self.runner.begin_step()
             spec.propose(out)
             self.scheduler.apply_drafts(out)
         self.last_schedule_s = time.perf_counter() - t0  # includes drafting, when on

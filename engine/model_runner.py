@@ -74,6 +74,7 @@ class ModelRunner:
         self.verify_graphs: StepGraphs | None = None  # decodes with drafts (speculation on)
         # Benchmarks set a list here to collect (start, end) CUDA events of every step.
         self.step_events: list | None = None
+        self._step_start = None  # the open step's start event (begin_step), when collecting
 
     # -- the step ------------------------------------------------------------------------
 
@@ -82,9 +83,8 @@ class ModelRunner:
         """One entry per sampling request: a token id, or (when the batch verifies drafts) a
         list of accepted drafts + one target token."""
         t0 = time.perf_counter()
-        if self.step_events is not None:
-            start_event = torch.cuda.Event(enable_timing=True)
-            start_event.record()
+        if self._step_start is None:
+            self.begin_step()
         batch = self.batch_builder.prepare(out)
         sampling = self._sampling_batch(batch.sampling_requests, batch.has_drafts)
         t1 = time.perf_counter()
@@ -100,20 +100,28 @@ class ModelRunner:
             vocab = self.model_config.vocab_size
             # verify() ends in the step's one D2H copy.
             result = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
-            self._record_end(start_event if self.step_events is not None else None)
+            self._record_end()
         else:
             sampled = sample(logits, sampling) if sampling is not None else None
-            self._record_end(start_event if self.step_events is not None else None)
+            self._record_end()
             result = sampled.tolist() if sampled is not None else []  # the one D2H copy
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return result
 
-    def _record_end(self, start_event) -> None:
-        if start_event is not None:
+    def begin_step(self) -> None:
+        """Open the step's GPU interval early (the engine calls this before a draft model
+        proposes, so its passes count as the step's GPU work)."""
+        if self.step_events is not None:
+            self._step_start = torch.cuda.Event(enable_timing=True)
+            self._step_start.record()
+
+    def _record_end(self) -> None:
+        if self._step_start is not None:
             end_event = torch.cuda.Event(enable_timing=True)
             end_event.record()
-            self.step_events.append((start_event, end_event))
+            self.step_events.append((self._step_start, end_event))
+            self._step_start = None
 
     def _sampling_batch(self, requests: list[Request], has_drafts: bool) -> SamplingBatch | None:
         if not requests:

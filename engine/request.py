@@ -49,6 +49,7 @@ class Request:
         "first_token_time",
         "generator",
         "max_tokens",
+        "ngram_index",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -115,6 +116,7 @@ class Request:
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_generator: Any = None  # the draft model's own seeded generator
+        self.ngram_index: Any = None  # spec_ngram.NgramIndex, built on the first lookup
 
     @property
     def num_tokens(self) -> int:

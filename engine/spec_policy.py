@@ -8,16 +8,18 @@
 #      (verification costs compute a saturated GPU does not have); B > spec_max_batch_size / 2
 #      → k is halved (at least 1).
 #   4. Acceptance: each request keeps an EMA of its per-step acceptance rate (accepted /
-#      proposed, weight ALPHA on the newest step, starting optimistic at 1.0) and drafts
-#      ceil(k * EMA) tokens (at least 1). Below spec_min_acceptance it stops drafting, but
-#      probes with one draft token every PROBE_INTERVAL steps so a request whose text turns
-#      repetitive can come back.
+#      proposed, weight ALPHA on the newest step, starting optimistic at 1.0). At or above
+#      spec_min_acceptance it drafts the full k of rule 3; below, it stops drafting but probes
+#      with one draft token every PROBE_INTERVAL steps so a request whose text turns
+#      repetitive can come back. (k is not scaled by the EMA: below the batch gate a draft
+#      slot costs almost nothing to verify, and the draft model's captured chain runs k
+#      passes whatever a request asks for; the H200 surface in docs/benchmarks.md showed
+#      ceil(k·EMA) losing a third of the speed-up at acceptance 0.6.)
 #   5. Never more drafts than max_tokens leaves room for: the step also emits a bonus token.
 # Drafts then compete for the step's token budget like prefill chunks; the scheduler grants
 # them only from budget and KV blocks left over, never by preempting anyone.
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
@@ -53,10 +55,11 @@ class Speculator:
             request.spec_idle_steps += 1
             return 1 if request.spec_idle_steps % PROBE_INTERVAL == 0 else 0
         request.spec_idle_steps = 0
-        return min(room, max(1, math.ceil(k * request.spec_acceptance)))
+        return min(room, k)
 
-    def plan(self, running: list[Request]) -> None:
-        """Before scheduling: set spec_slots (the drafts each request wants)."""
+    def plan(self, running: list[Request]) -> bool:
+        """Before scheduling: set spec_slots (the drafts each request wants). False: nobody
+        drafts this step (the step then runs exactly as without speculation)."""
         decoding = []
         for r in running:
             r.spec_slots = 0
@@ -66,7 +69,7 @@ class Speculator:
                 decoding.append(r)
         if len(decoding) > self.max_batch_size:
             self.num_steps_gated += 1
-            return
+            return False
         k = self.k if 2 * len(decoding) <= self.max_batch_size else max(1, self.k // 2)
         chosen = []
         for r in decoding:
@@ -75,6 +78,7 @@ class Speculator:
                 chosen.append(r)
         if chosen:
             self.proposer.plan(chosen)
+        return any(r.spec_slots for r in chosen)
 
     def propose(self, out: SchedulerOutput) -> None:
         """After scheduling: fill spec_token_ids for requests granted slots (the draft model

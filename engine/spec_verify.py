@@ -61,24 +61,30 @@ def verify(
 ) -> list[list[int]]:
     """Per request, the tokens to append: accepted drafts + one target token."""
     device = logits.device
-    row_requests: list[Request] = []
-    prior: list[int] = []
     drafts: list[int] = []
     for r in requests:
-        d = len(r.spec_token_ids)
-        row_requests += [r] * (d + 1)
-        prior += range(d + 1)
-        drafts += [*r.spec_token_ids, -1]
-    batch = SamplingBatch.from_requests(row_requests, vocab_size, device, eos_ids, prior)
-    if batch.banned_rows:
-        logits[batch.banned_rows, batch.banned_tokens] = float("-inf")
+        drafts += r.spec_token_ids
+        drafts.append(-1)
+    # Greedy rows past min_tokens need no per-row sampling state (the common case: skip
+    # building it, ~1.5 µs per row on the host).
+    batch = None
+    if not all(r.params.greedy and r.num_output_tokens >= r.params.min_tokens for r in requests):
+        row_requests: list[Request] = []
+        prior: list[int] = []
+        for r in requests:
+            d = len(r.spec_token_ids)
+            row_requests += [r] * (d + 1)
+            prior += range(d + 1)
+        batch = SamplingBatch.from_requests(row_requests, vocab_size, device, eos_ids, prior)
+        if batch.banned_rows:
+            logits[batch.banned_rows, batch.banned_tokens] = float("-inf")
     draft_tokens = torch.tensor(drafts, dtype=torch.int64)
     if device.type == "cuda":
         draft_tokens = draft_tokens.pin_memory().to(device, non_blocking=True)
     greedy = logits.argmax(dim=-1)
     accepted = greedy == draft_tokens
     fallback = greedy
-    if not batch.all_greedy:
+    if batch is not None and not batch.all_greedy:
         probs = target_probs(logits, batch)
         q = _dense_draft_probs(requests, draft_tokens, probs)
         s_accepted, s_fallback = rejection_sample(probs, draft_tokens, q, batch.generators)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
-from engine.spec_ngram import propose_ngram
+from engine.spec_ngram import NgramIndex, propose_ngram
 from engine.spec_verify import rejection_sample
 from tests.hf_models import FAMILIES, VOCAB, build_hf_model
 
@@ -294,7 +294,7 @@ def test_low_acceptance_switches_a_request_off_and_opt_out_is_honoured():
     assert usage["out"].spec_proposed_tokens == 0
     bad = usage["bad"]
     assert bad.spec_accepted_tokens == 0
-    # Optimistic start (k=4, then ceil(k·EMA) as the EMA decays) for a few steps, then only
+    # Optimistic start (k=4 while the EMA is still above the cut-off: two steps), then only
     # a one-token probe every PROBE_INTERVAL steps.
     assert 0 < bad.spec_proposed_tokens < 20
     assert bad.completion_tokens == 80
@@ -344,6 +344,20 @@ def test_ngram_lookup():
     assert propose_ngram(t, 2, 4, 10) == [5, 6, 1, 2, 3]
     assert propose_ngram(np.array([1, 2, 3]), 1, 3, 4) == []
     assert propose_ngram(np.array([4, 4]), 1, 3, 4) == [4]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_incremental_ngram_index_agrees_with_the_scan(seed):
+    import numpy as np
+
+    rng = random.Random(seed)
+    tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 5))]  # few symbols: many hits
+    index = NgramIndex(2, 4)
+    while len(tokens) < 200:
+        index.update(tokens)
+        k = rng.randrange(1, 6)
+        assert index.propose(tokens, k) == propose_ngram(np.array(tokens), 2, 4, k), tokens
+        tokens += [rng.randrange(6) for _ in range(rng.randrange(1, 4))]  # accepted runs
 
 
 @pytest.mark.parametrize(
