@@ -213,7 +213,7 @@ def set_policy(engine: LLMEngine, policy: str, defaults: EngineConfig) -> None:
     spec = engine.speculator
     if policy == "fixed":  # k drafts for every decode, no batch gate, no acceptance cut-off
         spec.max_batch_size, spec.min_acceptance = 10**9, 0.0
-        spec.num_drafts_for = lambda r, k: max(0, min(k, r.max_tokens - r.num_output_tokens - 1))
+        spec.num_drafts_for = lambda r, k, _: max(0, min(k, r.max_tokens - r.num_output_tokens - 1))
     else:
         spec.max_batch_size = defaults.spec_max_batch_size
         spec.min_acceptance = defaults.spec_min_acceptance

@@ -27,6 +27,22 @@ class AttentionMetadata:
     decode_num_splits: int | None = None  # fixed for CUDA-graph capture
 
 
+def prefill_tail(meta: AttentionMetadata) -> AttentionMetadata:
+    """The metadata of the batch's non-decode sequences alone (their tokens follow the
+    num_decodes single-token decodes), for running a model over just those."""
+    nd = meta.num_decodes
+    return AttentionMetadata(
+        slot_mapping=meta.slot_mapping[nd:],
+        block_tables=meta.block_tables[nd:],
+        seq_lens=meta.seq_lens[nd:],
+        query_start_loc=meta.prefill_query_start_loc,
+        num_decodes=0,
+        max_query_len=meta.max_query_len,
+        max_seq_len=meta.max_seq_len,
+        prefill_query_start_loc=meta.prefill_query_start_loc,
+    )
+
+
 def paged_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention import AttentionMetadata, prefill_tail
 from engine.batch_builder import BatchBuilder
 from engine.config import EngineConfig
 from engine.cuda_graphs import StepGraphs
@@ -93,8 +93,14 @@ class ModelRunner:
         if graphs is not None:
             logits = graphs.replay(batch)  # every token samples in these steps
         else:
-            hidden = self._forward(batch.input_ids, batch.positions, meta)
+            hidden = self._eager_forward(batch)
             logits = self.model.compute_logits(hidden[batch.logits_indices])
+        if self.draft is not None and not batch.has_drafts:
+            # The draft skipped this step's decodes: their K/V are missing from its cache
+            # until a catch-up (DraftProposer.catch_up) before they next draft.
+            for r in out.requests[: meta.num_decodes]:
+                if r.draft_lag is None or r.num_computed_tokens < r.draft_lag:
+                    r.draft_lag = r.num_computed_tokens
         t2 = time.perf_counter()
         if batch.has_drafts:
             vocab = self.model_config.vocab_size
@@ -135,18 +141,34 @@ class ModelRunner:
         return SamplingBatch.from_requests(requests, vocab, self.device, self.eos_token_ids)
 
     def _forward(self, input_ids, positions, meta) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] of the target; a draft model sees the same batch
-        so its cache holds every token the target's does (spec_draft.py)."""
-        hidden = self.model(input_ids, positions, meta, self.kv_caches, self.cos_sin)
-        if self.draft is not None:
-            self.draft.forward(input_ids, positions, meta)
+        """Hidden states [num_tokens, hidden] of the target alone."""
+        return self.model(input_ids, positions, meta, self.kv_caches, self.cos_sin)
+
+    def _forward_with_draft(self, input_ids, positions, meta) -> torch.Tensor:
+        """Steps that verify drafts: the draft model sees the whole batch too, so its cache
+        holds every token the target's does (spec_draft.py)."""
+        hidden = self._forward(input_ids, positions, meta)
+        self.draft.forward(input_ids, positions, meta)
+        return hidden
+
+    def _eager_forward(self, batch) -> torch.Tensor:
+        meta = batch.meta
+        if self.draft is None:
+            return self._forward(batch.input_ids, batch.positions, meta)
+        if batch.has_drafts:
+            return self._forward_with_draft(batch.input_ids, batch.positions, meta)
+        hidden = self._forward(batch.input_ids, batch.positions, meta)
+        nd = meta.num_decodes
+        if nd < meta.seq_lens.shape[0]:  # prefill chunks: the draft follows every prompt
+            self.draft.forward(batch.input_ids[nd:], batch.positions[nd:], prefill_tail(meta))
         return hidden
 
     def _graphs_for(self, batch) -> StepGraphs | None:
-        for graphs in (self.graphs, self.verify_graphs):
-            if graphs is not None and graphs.can_run(batch):
-                return graphs
-        return None
+        if batch.has_drafts:
+            graphs = self.verify_graphs
+        else:
+            graphs = self.graphs
+        return graphs if graphs is not None and graphs.can_run(batch) else None
 
     def capture_graphs(self, max_num_seqs: int) -> None:
         """Decode graphs, and with speculation also verify graphs (up to k drafts per
@@ -154,8 +176,10 @@ class ModelRunner:
         steps never overlap."""
 
         def step_graphs(query_len: int) -> StepGraphs:
+            # Decode steps run the target alone; verify steps bring the draft model along.
+            forward = self._forward_with_draft if query_len > 1 and self.draft else self._forward
             return StepGraphs(
-                self._forward, self.model.compute_logits,
+                forward, self.model.compute_logits,
                 vocab_size=self.model_config.vocab_size,
                 num_kv_heads=self.model_config.num_kv_heads, device=self.device,
                 max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,

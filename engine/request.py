@@ -42,6 +42,7 @@ class Request:
         "block_table_cache",
         "cache_salt",
         "detokenizer",
+        "draft_lag",
         "error",
         "finish_reason",
         "finish_time",
@@ -117,6 +118,9 @@ class Request:
         self.spec_accepted = 0
         self.spec_generator: Any = None  # the draft model's own seeded generator
         self.ngram_index: Any = None  # spec_ngram.NgramIndex, built on the first lookup
+        # Draft model only: positions from here on may be missing from the draft's cache (it
+        # skips decode steps that verify nothing); None = in sync. See spec_draft.py.
+        self.draft_lag: int | None = None
 
     @property
     def num_tokens(self) -> int:

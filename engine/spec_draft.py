@@ -5,9 +5,15 @@
 # and uses the target's block ids, block tables and slot mapping. A token's draft K/V therefore
 # live at the same slot as its target K/V, in the other tensor; the pool is sized for both
 # (kv_cache.num_blocks_from_budget gets the draft's bytes per block).
-# Sync invariant: the draft runs over every batch the target runs (prefill chunks, decodes,
-# verification rows), so wherever the target has committed K/V (including blocks shared
-# through the prefix cache, or recomputed after preemption) the draft has it too.
+# Sync: the draft runs over every prefill chunk and over whole batches that verify drafts, so
+# its cache holds every prompt token the target's does (blocks shared through the prefix cache
+# included). Decode steps that verify nothing (speculation gated off at high load, or nobody
+# drafting) skip it, so the draft costs nothing when it is not used; each decode it skipped
+# records the first position missing (Request.draft_lag), and before such a request drafts
+# again catch_up() recomputes the gap (normally the few tokens decoded while gated) in one
+# chunked prefill over the draft. A block holding generated tokens that is later shared
+# through the prefix cache may carry stale draft K/V: that lowers the sharer's acceptance,
+# never its output (verification decides every token).
 # Proposing (after scheduling, when the slots exist): pass j feeds one token per request at
 # position num_tokens - 1 + j (the pending token, then the drafts so far). Its K/V writes
 # land at or past num_computed_tokens, in the request's own unpublished blocks, where the
@@ -115,6 +121,7 @@ class DraftProposer:
     def propose(self, requests: list[Request]) -> None:
         """requests: decodes granted spec_slots draft slots each; fills spec_token_ids (and
         spec_draft_probs for sampled requests)."""
+        self.catch_up([r for r in requests if r.draft_lag is not None])
         num_slots = [r.spec_slots for r in requests]
         sampled_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
         q_all = None
@@ -128,6 +135,56 @@ class DraftProposer:
             requests[i].spec_draft_probs = q_all[row, : num_slots[i]]
         if self.corrupt_fraction > 0:
             self._corrupt(requests)
+
+    @torch.inference_mode()
+    def catch_up(self, requests: list[Request], max_tokens_per_pass: int = 8192) -> None:
+        """Write the draft's K/V for positions [draft_lag, num_tokens - 1) of each request
+        (the pending token's own K/V come from the first proposal pass), in passes of at most
+        max_tokens_per_pass tokens; a long gap is split across passes like chunked prefill."""
+        pieces: list[tuple[Request, int, int]] = []  # (request, start, end) positions
+        for r in requests:
+            start, end = r.draft_lag, r.num_tokens - 1
+            r.draft_lag = None
+            while start < end:
+                step = min(end - start, max_tokens_per_pass)
+                pieces.append((r, start, start + step))
+                start += step
+        chunk: list[tuple[Request, int, int]] = []
+        used = 0
+        for piece in pieces:
+            n = piece[2] - piece[1]
+            if chunk and used + n > max_tokens_per_pass:
+                self._prefill(chunk)
+                chunk, used = [], 0
+            chunk.append(piece)
+            used += n
+        if chunk:
+            self._prefill(chunk)
+
+    def _prefill(self, pieces: list[tuple[Request, int, int]]) -> None:
+        bs, dev = self.block_size, self.device
+        width = max(len(r.block_ids) for r, _, _ in pieces)
+        tables = np.zeros((len(pieces), width), dtype=np.int32)
+        ids, pos, slots, qsl, lens = [], [], [], [0], []
+        for i, (r, start, end) in enumerate(pieces):
+            tables[i, : len(r.block_ids)] = r.block_ids
+            p = np.arange(start, end)
+            ids.extend(r.token_ids[start:end])
+            pos.append(p)
+            slots.append(np.asarray(r.block_ids)[p // bs] * bs + p % bs)
+            qsl.append(qsl[-1] + end - start)
+            lens.append(end)
+        qsl_t = torch.tensor(qsl, dtype=torch.int32, device=dev)
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
+            block_tables=torch.from_numpy(tables).to(dev),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+            query_start_loc=qsl_t, num_decodes=0,
+            max_query_len=max(e - s for _, s, e in pieces), max_seq_len=max(lens),
+            prefill_query_start_loc=qsl_t,
+        )  # fmt: skip
+        positions = torch.from_numpy(np.concatenate(pos)).to(dev)
+        self.model(torch.tensor(ids, device=dev), positions, meta, self.kv_caches, self.cos_sin)
 
     def _propose_eager(self, requests: list[Request], sampled_rows: list[int]):
         dev = self.device

@@ -5,16 +5,20 @@
 #      did not opt out (SamplingParams.speculative=False). None and True both mean "on".
 #   2. Only decodes draft (requests with exactly one pending token); prefill chunks never do.
 #   3. Batch gate: with B running decodes, B > spec_max_batch_size → nobody drafts this step
-#      (verification costs compute a saturated GPU does not have); B > spec_max_batch_size / 2
-#      → k is halved (at least 1).
+#      (verification costs compute a saturated GPU does not have, and the draft model, if
+#      any, sits the step out: spec_draft.py).
 #   4. Acceptance: each request keeps an EMA of its per-step acceptance rate (accepted /
-#      proposed, weight ALPHA on the newest step, starting optimistic at 1.0). At or above
-#      spec_min_acceptance it drafts the full k of rule 3; below, it stops drafting but probes
-#      with one draft token every PROBE_INTERVAL steps so a request whose text turns
-#      repetitive can come back. (k is not scaled by the EMA: below the batch gate a draft
-#      slot costs almost nothing to verify, and the draft model's captured chain runs k
-#      passes whatever a request asks for; the H200 surface in docs/benchmarks.md showed
-#      ceil(k·EMA) losing a third of the speed-up at acceptance 0.6.)
+#      proposed, weight ALPHA on the newest step, starting optimistic at 1.0). It drafts the
+#      full k while its EMA is at least
+#          required(B) = spec_min_acceptance × (1 + B / spec_max_batch_size)
+#      (a draft must be likelier to pay as the batch grows: the H200 surface in
+#      docs/benchmarks.md puts the break-even acceptance of a 1B draft for an 8B target at
+#      ~0.3 at batch 8, ~0.45 at 32 and ~0.55 at 64, and about half that for n-gram lookup,
+#      which costs nothing to propose). Below, it stops drafting but probes with one draft
+#      token every PROBE_INTERVAL steps so a request whose text turns repetitive can come
+#      back. k is not scaled by the EMA: below the gate a draft slot costs little to verify,
+#      and the draft model's captured chain runs k passes whatever a request asks for; an
+#      earlier ceil(k·EMA) rule lost about a third of the speed-up at acceptance 0.6.
 #   5. Never more drafts than max_tokens leaves room for: the step also emits a bonus token.
 # Drafts then compete for the step's token budget like prefill chunks; the scheduler grants
 # them only from budget and KV blocks left over, never by preempting anyone.
@@ -28,7 +32,7 @@ from engine.request import Request
 if TYPE_CHECKING:  # the scheduler imports this module
     from engine.scheduler import SchedulerOutput
 
-ALPHA = 0.3
+ALPHA = 0.2
 PROBE_INTERVAL = 16
 
 
@@ -45,13 +49,13 @@ class Speculator:
         self.proposer = proposer
         self.num_steps_gated = 0  # steps where the batch gate switched speculation off
 
-    def num_drafts_for(self, request: Request, k: int) -> int:
+    def num_drafts_for(self, request: Request, k: int, required: float) -> int:
         if request.params.speculative is False:
             return 0
         room = request.max_tokens - request.num_output_tokens - 1
         if room <= 0:
             return 0
-        if request.spec_acceptance < self.min_acceptance:
+        if request.spec_acceptance < required:
             request.spec_idle_steps += 1
             return 1 if request.spec_idle_steps % PROBE_INTERVAL == 0 else 0
         request.spec_idle_steps = 0
@@ -70,10 +74,10 @@ class Speculator:
         if len(decoding) > self.max_batch_size:
             self.num_steps_gated += 1
             return False
-        k = self.k if 2 * len(decoding) <= self.max_batch_size else max(1, self.k // 2)
+        required = self.min_acceptance * (1 + len(decoding) / self.max_batch_size)
         chosen = []
         for r in decoding:
-            r.spec_slots = self.num_drafts_for(r, k)
+            r.spec_slots = self.num_drafts_for(r, self.k, required)
             if r.spec_slots:
                 chosen.append(r)
         if chosen:

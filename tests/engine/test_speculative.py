@@ -275,6 +275,57 @@ def test_batch_gate_turns_speculation_off_above_threshold():
     assert engine.stats().spec_decode_num_draft_tokens > 0  # 2 decodes left: back on
 
 
+def test_draft_sits_out_gated_steps_and_catches_up_exactly():
+    # The target as its own draft: any gap left in the draft's cache would show up as rejected
+    # drafts. While 4 decodes exceed the gate the draft model must not run at all; afterwards
+    # the survivors catch up (their tokens decoded while gated) and are accepted again.
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, detokenize=False)
+    short = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, detokenize=False)
+    prompts = [[3 + i, 9, 4, 4, 7] for i in range(4)]
+    plain = _engine()
+    spec = _engine(speculative_method="draft", draft_model="tiny", spec_max_batch_size=2)
+    for engine in (plain, spec):
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt, long if i < 2 else short)
+    calls = {"forward": 0, "catch_up": 0}
+    forward, catch_up = spec.runner.draft.forward, spec.runner.draft.catch_up
+
+    def counting_forward(*args):
+        calls["forward"] += 1
+        return forward(*args)
+
+    def counting_catch_up(requests, *args):
+        calls["catch_up"] += len(requests)
+        return catch_up(requests, *args)
+
+    spec.runner.draft.forward = counting_forward
+    spec.runner.draft.catch_up = counting_catch_up
+    outputs: dict[str, list[int]] = {}
+
+    def step(engine, into):
+        for d in engine.step():
+            into.setdefault(d.request_id, []).extend(d.new_token_ids)
+
+    step(spec, outputs)  # prefill: the draft follows the prompts
+    assert calls["forward"] == 1
+    gated_steps = 0
+    while len(spec.scheduler.running) > 2:
+        step(spec, outputs)
+        gated_steps += 1
+    assert gated_steps >= 5 and calls["forward"] == 1  # decodes only, gated: no draft work
+    assert sum(r.draft_lag is not None for r in spec.scheduler.running) == 2
+    while spec.has_unfinished():
+        step(spec, outputs)
+    assert calls["catch_up"] >= 2
+    expected: dict[str, list[int]] = {}
+    while plain.has_unfinished():
+        step(plain, expected)
+    assert outputs == expected
+    stats = spec.stats()
+    assert stats.spec_decode_num_draft_tokens > 0
+    assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
+
+
 def test_low_acceptance_switches_a_request_off_and_opt_out_is_honoured():
     engine = _engine(speculative_method="draft", draft_model="tiny", spec_min_acceptance=0.5)
     engine.runner.draft.corrupt_fraction = 1.0  # every draft is wrong
