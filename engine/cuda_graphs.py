@@ -10,6 +10,9 @@
 #     the front; query_start_loc gives each sequence its real length, and the padding tokens
 #     after the last real one (slot -1) belong to no sequence, so attention leaves them alone
 #     and they only cost their share of the dense layers. Padding sequences have no tokens.
+#     Each batch size is captured at several token capacities (bs × 2, bs × 3, bs × Q: mean
+#     query lengths), so a step where few sequences draft (probes, mixed acceptance) does not
+#     pay for Q tokens per sequence.
 # The step function may run more than the target (a draft model's forward keeps its cache in
 # sync, spec_draft.py): whatever it launches is captured with it.
 #
@@ -79,9 +82,13 @@ class StepGraphs:
             bs: choose_num_splits(bs, num_kv_heads, min(self.max_seq_len, 8192))
             for bs in self.sizes
         }
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # Token capacities per sequence: [1] for decode, mean query lengths for verify.
+        self.mean_lens = (
+            [1] if query_len == 1 else sorted({min(2, query_len), min(3, query_len), query_len})
+        )
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
-    def _meta(self, bs: int) -> AttentionMetadata:
+    def _meta(self, bs: int, mean_len: int) -> AttentionMetadata:
         if self.query_len == 1:
             return AttentionMetadata(
                 slot_mapping=self.slot_mapping[:bs],
@@ -97,7 +104,7 @@ class StepGraphs:
             )
         qsl = self.query_start_loc[: bs + 1]
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[: bs * self.query_len],
+            slot_mapping=self.slot_mapping[: bs * mean_len],
             block_tables=self.block_tables[:bs],
             seq_lens=self.seq_lens[:bs],
             query_start_loc=qsl,
@@ -107,9 +114,9 @@ class StepGraphs:
             prefill_query_start_loc=qsl,
         )
 
-    def _run(self, bs: int) -> None:
-        t = bs * self.query_len
-        hidden = self.forward(self.input_ids[:t], self.positions[:t], self._meta(bs))
+    def _run(self, bs: int, mean_len: int) -> None:
+        t = bs * mean_len
+        hidden = self.forward(self.input_ids[:t], self.positions[:t], self._meta(bs, mean_len))
         self.logits[:t] = self.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -119,15 +126,16 @@ class StepGraphs:
             return pool  # nothing to capture: replay runs the same path eagerly (CPU tests)
         # Largest first, so smaller graphs reuse the big one's memory.
         for bs in reversed(self.sizes):
-            for _ in range(2):  # warm-up: Triton compiles and autotunes outside capture
-                self._run(bs)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._run(bs)
-            if pool is None:
-                pool = graph.pool()
-            self.graphs[bs] = graph
+            for mean_len in reversed(self.mean_lens):
+                for _ in range(2):  # warm-up: Triton compiles and autotunes outside capture
+                    self._run(bs, mean_len)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._run(bs, mean_len)
+                if pool is None:
+                    pool = graph.pool()
+                self.graphs[bs, mean_len] = graph
         torch.cuda.synchronize(self.device)
         return pool
 
@@ -153,6 +161,7 @@ class StepGraphs:
         n = meta.seq_lens.shape[0]
         t = batch.input_ids.shape[0]
         bs = self.padded_size(n)
+        mean_len = next(m for m in self.mean_lens if t <= bs * m)
         width = meta.block_tables.shape[1]
         self.input_ids[:t].copy_(batch.input_ids)
         self.positions[:t].copy_(batch.positions)
@@ -165,11 +174,11 @@ class StepGraphs:
             if bs > n:
                 self.slot_mapping[n:bs].fill_(-1)
         else:
-            self.slot_mapping[t : bs * self.query_len].fill_(-1)
+            self.slot_mapping[t : bs * mean_len].fill_(-1)
             self.query_start_loc[: n + 1].copy_(meta.query_start_loc)
             self.query_start_loc[n + 1 : bs + 1].fill_(t)
         if self.device.type == "cuda":
-            self.graphs[bs].replay()
+            self.graphs[bs, mean_len].replay()
         else:  # the same static-buffer path, run eagerly (tests the layout on the CPU)
-            self._run(bs)
+            self._run(bs, mean_len)
         return self.logits[:t]

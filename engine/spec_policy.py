@@ -15,10 +15,11 @@
 #      docs/benchmarks.md puts the break-even acceptance of a 1B draft for an 8B target at
 #      ~0.3 at batch 8, ~0.45 at 32 and ~0.55 at 64, and about half that for n-gram lookup,
 #      which costs nothing to propose). Below, it stops drafting but probes with one draft
-#      token every PROBE_INTERVAL steps so a request whose text turns repetitive can come
-#      back. k is not scaled by the EMA: below the gate a draft slot costs little to verify,
-#      and the draft model's captured chain runs k passes whatever a request asks for; an
-#      earlier ceil(k·EMA) rule lost about a third of the speed-up at acceptance 0.6.
+#      token every PROBE_INTERVAL steps (all such requests on the same step) so a request
+#      whose text turns repetitive can come back. k is not scaled by the EMA: below the gate
+#      a draft slot costs little to verify, and the draft model's captured chain runs k
+#      passes whatever a request asks for; an earlier ceil(k·EMA) rule lost about a third of
+#      the speed-up at acceptance 0.6.
 #   5. Never more drafts than max_tokens leaves room for: the step also emits a bonus token.
 # Drafts then compete for the step's token budget like prefill chunks; the scheduler grants
 # them only from budget and KV blocks left over, never by preempting anyone.
@@ -48,6 +49,7 @@ class Speculator:
         self.min_acceptance = config.spec_min_acceptance
         self.proposer = proposer
         self.num_steps_gated = 0  # steps where the batch gate switched speculation off
+        self.num_plans = 0  # the policy's step clock
 
     def num_drafts_for(self, request: Request, k: int, required: float) -> int:
         if request.params.speculative is False:
@@ -56,14 +58,15 @@ class Speculator:
         if room <= 0:
             return 0
         if request.spec_acceptance < required:
-            request.spec_idle_steps += 1
-            return 1 if request.spec_idle_steps % PROBE_INTERVAL == 0 else 0
-        request.spec_idle_steps = 0
+            # Everyone switched off probes on the same step: one verify step in
+            # PROBE_INTERVAL, instead of probes spread so that every step verifies something.
+            return 1 if self.num_plans % PROBE_INTERVAL == 0 else 0
         return min(room, k)
 
     def plan(self, running: list[Request]) -> bool:
         """Before scheduling: set spec_slots (the drafts each request wants). False: nobody
         drafts this step (the step then runs exactly as without speculation)."""
+        self.num_plans += 1
         decoding = []
         for r in running:
             r.spec_slots = 0

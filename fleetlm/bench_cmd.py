@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             f"TTFT p50/p95 {r['ttft_s']['p50']:.3f}/{r['ttft_s']['p95']:.3f} s, "
             f"TPOT p50/p95 {1e3 * r['tpot_s']['p50']:.1f}/{1e3 * r['tpot_s']['p95']:.1f} ms, "
             f"GPU idle {100 * r['gpu_idle_fraction']:.1f}%, "
+            f"longest step {r['step_ms']['max']:.0f} ms, "
             f"prefix hits {r['prefix_hit_rate']:.2f}, preemptions {r['preemptions']}"
         )
     if args.json:
