@@ -28,7 +28,7 @@ class EngineConfig:
     draft_model: str | None = None  # preset or HF dir sharing the target's vocabulary
     spec_max_batch_size: int = 64  # more running decodes than this → no speculation this step
     # A request's acceptance EMA below this (scaled up with the batch, spec_policy.py) → it
-    # stops drafting. None → 0.15 for n-gram lookup (free to propose), 0.3 for a draft model.
+    # stops drafting. None → 0.15 for n-gram lookup (free to propose), 0.35 for a draft model.
     spec_min_acceptance: float | None = None
 
     def __post_init__(self) -> None:
@@ -64,6 +64,6 @@ class EngineConfig:
         if self.spec_max_batch_size < 1:
             raise ValueError("spec_max_batch_size must be positive")
         if self.spec_min_acceptance is None:
-            self.spec_min_acceptance = 0.3 if self.speculative_method == "draft" else 0.15
+            self.spec_min_acceptance = 0.35 if self.speculative_method == "draft" else 0.15
         if not 0.0 <= self.spec_min_acceptance < 1.0:
             raise ValueError("spec_min_acceptance must be in [0, 1)")

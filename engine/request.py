@@ -63,6 +63,7 @@ class Request:
         "spec_accepted",
         "spec_draft_probs",
         "spec_generator",
+        "spec_probe_interval",
         "spec_proposed",
         "spec_slots",
         "spec_token_ids",
@@ -112,6 +113,7 @@ class Request:
         self.spec_token_ids: list[int] = []  # this step's drafts, at positions num_tokens, ...
         self.spec_draft_probs: Any = None  # [len(drafts), vocab] draft distribution; None = argmax
         self.spec_acceptance = 1.0  # EMA of the per-step acceptance rate (optimistic start)
+        self.spec_probe_interval = 0  # while switched off: steps between probes (0: drafting)
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_generator: Any = None  # the draft model's own seeded generator

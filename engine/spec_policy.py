@@ -15,11 +15,12 @@
 #      docs/benchmarks.md puts the break-even acceptance of a 1B draft for an 8B target at
 #      ~0.3 at batch 8, ~0.45 at 32 and ~0.55 at 64, and about half that for n-gram lookup,
 #      which costs nothing to propose). Below, it stops drafting but probes with one draft
-#      token every PROBE_INTERVAL steps (all such requests on the same step) so a request
-#      whose text turns repetitive can come back. k is not scaled by the EMA: below the gate
-#      a draft slot costs little to verify, and the draft model's captured chain runs k
-#      passes whatever a request asks for; an earlier ceil(k·EMA) rule lost about a third of
-#      the speed-up at acceptance 0.6.
+#      token so a request whose text turns repetitive can come back: first after
+#      PROBE_INTERVAL steps, then at twice the interval after each probe that did not bring
+#      it back (up to MAX_PROBE_INTERVAL), on steps shared by all switched-off requests.
+#      k is not scaled by the EMA: below the gate a draft slot costs little to verify, and
+#      the draft model's captured chain runs k passes whatever a request asks for; an earlier
+#      ceil(k·EMA) rule lost about a third of the speed-up at acceptance 0.6.
 #   5. Never more drafts than max_tokens leaves room for: the step also emits a bonus token.
 # Drafts then compete for the step's token budget like prefill chunks; the scheduler grants
 # them only from budget and KV blocks left over, never by preempting anyone.
@@ -33,8 +34,9 @@ from engine.request import Request
 if TYPE_CHECKING:  # the scheduler imports this module
     from engine.scheduler import SchedulerOutput
 
-ALPHA = 0.2
+ALPHA = 0.1
 PROBE_INTERVAL = 16
+MAX_PROBE_INTERVAL = 256
 
 
 def observe_acceptance(request: Request, num_proposed: int, num_accepted: int) -> None:
@@ -58,9 +60,18 @@ class Speculator:
         if room <= 0:
             return 0
         if request.spec_acceptance < required:
-            # Everyone switched off probes on the same step: one verify step in
-            # PROBE_INTERVAL, instead of probes spread so that every step verifies something.
-            return 1 if self.num_plans % PROBE_INTERVAL == 0 else 0
+            # Switched off. Probes fall on steps that are multiples of the request's interval
+            # (a power of two), so requests probe together and most steps verify nothing;
+            # each probe that fails to bring the request back doubles its interval.
+            interval = request.spec_probe_interval
+            if interval == 0:
+                request.spec_probe_interval = PROBE_INTERVAL
+                return 0
+            if self.num_plans % interval:
+                return 0
+            request.spec_probe_interval = min(2 * interval, MAX_PROBE_INTERVAL)
+            return 1
+        request.spec_probe_interval = 0
         return min(room, k)
 
     def plan(self, running: list[Request]) -> bool:
