@@ -222,7 +222,9 @@ def set_policy(engine: LLMEngine, policy: str, defaults: EngineConfig) -> None:
 
 def sweep(engine: LLMEngine, oracle: OracleProposer, method: str, args, vocab, baseline):
     rows = []
-    defaults = EngineConfig(model=args.model)
+    # The shipped defaults for this proposer (spec_min_acceptance depends on the method).
+    draft = args.draft_model if method == "draft" else None
+    defaults = EngineConfig(model=args.model, speculative_method=method, draft_model=draft)
     for policy in args.policies:
         set_policy(engine, policy, defaults)
         targets = args.acceptance if policy == "fixed" else args.policy_acceptance
