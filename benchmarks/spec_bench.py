@@ -63,6 +63,7 @@ class OracleProposer:
 
     def __init__(self, inner, vocab: int, seed: int = 0) -> None:
         self.inner = inner
+        self.per_step_cost = getattr(inner, "per_step_cost", False)
         self.vocab = vocab
         self.trajectories: dict[tuple[int, ...], list[int]] = {}  # prompt → greedy output
         self.corrupt_fraction = 0.0

@@ -38,6 +38,8 @@ from engine.request import Request
 
 
 class DraftProposer:
+    per_step_cost = True  # its passes cost about the same for one drafting request or all
+
     def __init__(
         self,
         draft_model: str,

@@ -8,19 +8,26 @@
 #      (verification costs compute a saturated GPU does not have, and the draft model, if
 #      any, sits the step out: spec_draft.py).
 #   4. Acceptance: each request keeps an EMA of its per-step acceptance rate (accepted /
-#      proposed, weight ALPHA on the newest step, starting optimistic at 1.0). It drafts the
-#      full k while its EMA is at least
+#      proposed, weight ALPHA on the newest step, starting optimistic at 1.0). Speculation
+#      must clear
 #          required(B) = spec_min_acceptance × (1 + B / spec_max_batch_size)
-#      (a draft must be likelier to pay as the batch grows: the H200 surface in
-#      docs/benchmarks.md puts the break-even acceptance of a 1B draft for an 8B target at
-#      ~0.3 at batch 8, ~0.45 at 32 and ~0.55 at 64, and about half that for n-gram lookup,
-#      which costs nothing to propose). Below, it stops drafting but probes with one draft
-#      token so a request whose text turns repetitive can come back: first after
-#      PROBE_INTERVAL steps, then at twice the interval after each probe that did not bring
-#      it back (up to MAX_PROBE_INTERVAL), on steps shared by all switched-off requests.
-#      k is not scaled by the EMA: below the gate a draft slot costs little to verify, and
-#      the draft model's captured chain runs k passes whatever a request asks for; an earlier
-#      ceil(k·EMA) rule lost about a third of the speed-up at acceptance 0.6.
+#      (a draft must be likelier to pay as the batch grows: on the H200 the break-even
+#      acceptance of a 1B draft for an 8B target is ~0.3 at batch 1-16 and ~0.5 at 64, about
+#      half that for n-gram lookup, which costs nothing to propose; docs/benchmarks.md).
+#      Where the proposer's cost is per request (n-gram lookup: only its drafts' verification)
+#      the test is per request: a request drafts while its own EMA clears the bar. Where the
+#      cost is per step (a draft model: its k proposal passes and its pass over the verify
+#      batch cost about the same for 1 drafting request as for all of them), the test is the
+#      batch's mean EMA, and the whole batch drafts or none of it does: a per-request rule
+#      with a draft model, measured on the H200, left some request drafting in most steps and
+#      ran up to 45 % slower than no speculation.
+#      Whoever is switched off probes with one draft token so text that turns repetitive can
+#      come back: first after PROBE_INTERVAL steps, then at twice the interval after each probe
+#      that did not bring it back (up to MAX_PROBE_INTERVAL), on steps that are multiples of
+#      the interval, so switched-off requests probe together and most steps verify nothing.
+#      When on, every drafting request gets the full k: below the gate a draft slot costs
+#      little to verify, and the draft model's captured chain runs k passes whatever a request
+#      asks for (an earlier ceil(k·EMA) rule lost a third of the speed-up at acceptance 0.6).
 #   5. Never more drafts than max_tokens leaves room for: the step also emits a bonus token.
 # Drafts then compete for the step's token budget like prefill chunks; the scheduler grants
 # them only from budget and KV blocks left over, never by preempting anyone.
@@ -44,35 +51,56 @@ def observe_acceptance(request: Request, num_proposed: int, num_accepted: int) -
     request.spec_acceptance = (1.0 - ALPHA) * request.spec_acceptance + ALPHA * rate
 
 
+def _room(request: Request) -> int:
+    """Drafts the request may still use (the step also emits a bonus token)."""
+    if request.params.speculative is False:
+        return 0
+    return max(0, request.max_tokens - request.num_output_tokens - 1)
+
+
 class Speculator:
     def __init__(self, config: EngineConfig, proposer) -> None:
         self.k = config.num_speculative_tokens
         self.max_batch_size = config.spec_max_batch_size
         self.min_acceptance = config.spec_min_acceptance
         self.proposer = proposer
+        # A draft model costs per step, not per request: decide for the whole batch.
+        self.per_step_cost = bool(getattr(proposer, "per_step_cost", False))
         self.num_steps_gated = 0  # steps where the batch gate switched speculation off
         self.num_plans = 0  # the policy's step clock
+        self.probe_interval = 0  # per-step-cost proposers: steps between probes while off
+
+    def _probe(self, interval: int) -> tuple[int, int]:
+        """(drafts, next interval) for someone switched off with this probe interval."""
+        if interval == 0:
+            return 0, PROBE_INTERVAL  # just switched off: first probe after PROBE_INTERVAL
+        if self.num_plans % interval:
+            return 0, interval
+        return 1, min(2 * interval, MAX_PROBE_INTERVAL)
 
     def num_drafts_for(self, request: Request, k: int, required: float) -> int:
-        if request.params.speculative is False:
-            return 0
-        room = request.max_tokens - request.num_output_tokens - 1
-        if room <= 0:
+        room = _room(request)
+        if room == 0:
             return 0
         if request.spec_acceptance < required:
-            # Switched off. Probes fall on steps that are multiples of the request's interval
-            # (a power of two), so requests probe together and most steps verify nothing;
-            # each probe that fails to bring the request back doubles its interval.
-            interval = request.spec_probe_interval
-            if interval == 0:
-                request.spec_probe_interval = PROBE_INTERVAL
-                return 0
-            if self.num_plans % interval:
-                return 0
-            request.spec_probe_interval = min(2 * interval, MAX_PROBE_INTERVAL)
-            return 1
+            drafts, request.spec_probe_interval = self._probe(request.spec_probe_interval)
+            return drafts
         request.spec_probe_interval = 0
         return min(room, k)
+
+    def _batch_drafts(self, decoding: list[Request], required: float) -> None:
+        eligible = [r for r in decoding if _room(r)]
+        if not eligible:
+            return
+        mean = sum(r.spec_acceptance for r in eligible) / len(eligible)
+        if mean >= required:
+            self.probe_interval = 0
+            for r in eligible:
+                r.spec_slots = min(_room(r), self.k)
+            return
+        drafts, self.probe_interval = self._probe(self.probe_interval)
+        for r in eligible:
+            r.spec_slots = drafts
 
     def plan(self, running: list[Request]) -> bool:
         """Before scheduling: set spec_slots (the drafts each request wants). False: nobody
@@ -89,11 +117,12 @@ class Speculator:
             self.num_steps_gated += 1
             return False
         required = self.min_acceptance * (1 + len(decoding) / self.max_batch_size)
-        chosen = []
-        for r in decoding:
-            r.spec_slots = self.num_drafts_for(r, self.k, required)
-            if r.spec_slots:
-                chosen.append(r)
+        if self.per_step_cost:
+            self._batch_drafts(decoding, required)
+        else:
+            for r in decoding:
+                r.spec_slots = self.num_drafts_for(r, self.k, required)
+        chosen = [r for r in decoding if r.spec_slots]
         if chosen:
             self.proposer.plan(chosen)
         return any(r.spec_slots for r in chosen)

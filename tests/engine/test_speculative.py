@@ -326,6 +326,30 @@ def test_draft_sits_out_gated_steps_and_catches_up_exactly():
     assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
 
 
+def test_draft_model_drafts_for_the_whole_batch_or_not_at_all():
+    # A draft model's passes cost about the same for one drafting request as for all, so the
+    # policy decides on the batch's mean acceptance; n-gram lookup decides per request.
+    engine = _engine(speculative_method="draft", draft_model="tiny")
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, detokenize=False)
+    for i in range(4):
+        engine.add_request(f"r{i}", [5 + i, 7, 7, 2], params)
+    engine.step()  # prefill: four decodes
+    spec, running = engine.speculator, engine.scheduler.running
+    required = spec.min_acceptance * (1 + 4 / spec.max_batch_size)
+    for rates, drafting in (([0.9, 0.9, 0.1, 0.1], True), ([0.9, 0.1, 0.1, 0.1], False)):
+        for r, rate in zip(running, rates):
+            r.spec_acceptance = rate
+        assert (sum(rates) / 4 >= required) is drafting
+        assert spec.plan(running) is drafting
+        assert [r.spec_slots for r in running] == [4 if drafting else 0] * 4
+    ngram = _engine(speculative_method="ngram").speculator
+    request = running[0]
+    request.spec_acceptance = 0.9
+    assert ngram.num_drafts_for(request, 4, required=0.5) == 4
+    request.spec_acceptance = 0.1
+    assert ngram.num_drafts_for(request, 4, required=0.5) == 0
+
+
 def test_low_acceptance_switches_a_request_off_and_opt_out_is_honoured():
     engine = _engine(speculative_method="draft", draft_model="tiny", spec_min_acceptance=0.5)
     engine.runner.draft.corrupt_fraction = 1.0  # every draft is wrong
