@@ -24,16 +24,21 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands, or only `command`'s (its module's imports alone: `fleetlm bench` runs
+    where the serving stack's database packages are not installed, e.g. a bare GPU box)."""
     parser = argparse.ArgumentParser(prog="fleetlm", description="Self-hosted LLM serving.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in SUBCOMMANDS.values():
-        importlib.import_module(module_name).register(sub)
+    for name, module_name in SUBCOMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(module_name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    args = build_parser(command).parse_args(argv)
     return int(args.func(args) or 0)
 
 

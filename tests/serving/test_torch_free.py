@@ -23,3 +23,18 @@ assert not heavy, heavy
 
 def test_api_and_cli_do_not_import_torch():
     subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, check=True, timeout=60)
+
+
+BENCH_ALONE = """
+import sys
+import fleetlm.cli
+parser = fleetlm.cli.build_parser("bench")
+parser.parse_args(["bench", "engine", "--workload", "seed"])
+loaded = sorted(m for m in ("sqlalchemy", "redis", "celery", "fastapi") if m in sys.modules)
+assert not loaded, loaded
+"""
+
+
+def test_bench_subcommand_needs_no_serving_packages():
+    # `fleetlm bench` on a GPU box that has torch but not the database / queue packages.
+    subprocess.run([sys.executable, "-c", BENCH_ALONE], cwd=ROOT, check=True, timeout=60)
