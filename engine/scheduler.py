@@ -177,7 +177,16 @@ class Scheduler:
         bm = self.block_manager
         for priority in Priority:
             queue = self.waiting[priority]
-            while queue and budget > 0 and len(self.running) < self.max_num_seqs:
+            while queue and budget > 0:
+                if len(self.running) >= self.max_num_seqs:
+                    # Every sequence slot is taken: an interactive request takes a batch
+                    # request's seat, as it would take its memory below.
+                    if priority is not Priority.INTERACTIVE or not self._preempt_batch(
+                        scheduled, out, for_seat=True
+                    ):
+                        break
+                    budget = self.max_num_batched_tokens - sum(scheduled.values())
+                    continue
                 request = queue[0]
                 if bm.num_blocks_for(request.num_tokens + 1) > bm.num_blocks:
                     self._fail_unfittable(request, out)  # leaves the queue in finish()
@@ -211,24 +220,32 @@ class Scheduler:
                 break  # batch requests just preempted must not be re-admitted this step
         return budget
 
-    def _preempt_batch(self, scheduled: dict[Request, int], out: SchedulerOutput) -> bool:
+    def _preempt_batch(
+        self, scheduled: dict[Request, int], out: SchedulerOutput, *, for_seat: bool = False
+    ) -> bool:
         batch = [r for r in self.running if r.priority is Priority.BATCH]
         if not batch:
             return False
         victim = max(batch, key=lambda r: r.admitted_seq)
         scheduled.pop(victim, None)
-        self._preempt(victim, out)
+        self._preempt(victim, out, counts_toward_limit=not for_seat)
         return True
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+    def _preempt(
+        self, request: Request, out: SchedulerOutput, *, counts_toward_limit: bool = True
+    ) -> None:
+        # A seat taken by an interactive request (not memory pressure) does not count toward
+        # max_preemptions: batch work waits out interactive load, it is not failed by it.
         out.num_preempted += 1
         self.num_preemptions += 1
         request.num_preemptions += 1
-        if request.num_preemptions > self.max_preemptions:
+        if counts_toward_limit:
+            request.num_memory_preemptions += 1
+        if request.num_memory_preemptions > self.max_preemptions:
             self.finish(
                 request,
                 "error",
-                f"preempted {request.num_preemptions} times for lack of KV cache memory "
+                f"preempted {request.num_memory_preemptions} times for lack of KV cache memory "
                 f"(limit {self.max_preemptions}); failing instead of truncating",
             )
             out.failed.append(request)

@@ -55,6 +55,55 @@ def test_arriving_interactive_preempts_running_batch():
     assert engine.stats().num_free_blocks == 8
 
 
+def _collect(engine: LLMEngine, tokens: dict) -> dict:
+    finished = {}
+    while engine.has_unfinished():
+        for d in engine.step():
+            tokens.setdefault(d.request_id, []).extend(d.new_token_ids)
+            if d.finished:
+                finished[d.request_id] = d.finish_reason
+    return finished
+
+
+def test_arriving_interactive_takes_a_batch_seat_when_all_seats_are_full():
+    # Plenty of memory, but max_num_seqs=2 seats both held by batch work.
+    prompts = {"batch-old": list(range(10)), "batch-new": list(range(20, 30))}
+    alone = _engine()
+    for rid, prompt in prompts.items():
+        alone.add_request(rid, prompt, LONG, "batch")
+    expected: dict = {}
+    _collect(alone, expected)
+    engine = _engine(max_num_seqs=2, max_preemptions=0)
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, LONG, "batch")
+    tokens: dict = {}
+    for d in engine.step():
+        tokens.setdefault(d.request_id, []).extend(d.new_token_ids)
+    assert _running_ids(engine) == {"batch-old", "batch-new"}
+    engine.add_request("chat", list(range(40, 50)), LONG, "interactive")
+    for d in engine.step():
+        tokens.setdefault(d.request_id, []).extend(d.new_token_ids)
+    assert _running_ids(engine) == {"batch-old", "chat"}  # the newest batch request yields
+    assert engine.scheduler.requests["batch-new"].num_preemptions == 1
+    # A seat preemption is not a memory preemption: max_preemptions=0 does not fail it, and
+    # the recomputed request produces exactly what it would have alone.
+    finished = _collect(engine, tokens)
+    assert finished == {"batch-old": "length", "batch-new": "length", "chat": "length"}
+    for rid in prompts:
+        assert tokens[rid] == expected[rid]
+    assert engine.stats().num_free_blocks == engine.stats().num_total_blocks
+
+
+def test_batch_never_takes_a_seat_from_anyone():
+    engine = _engine(max_num_seqs=1)
+    engine.add_request("chat", list(range(10)), LONG, "interactive")
+    engine.step()
+    engine.add_request("batch", list(range(20, 30)), LONG, "batch")
+    engine.step()
+    assert _running_ids(engine) == {"chat"}
+    assert engine.scheduler.requests["chat"].num_preemptions == 0
+
+
 def test_victim_under_pressure_is_lowest_class_most_recent():
     engine = _engine(num_kv_blocks=9, max_preemptions=10)
     engine.add_request("chat-a", list(range(40)), LONG, "interactive")
