@@ -6,6 +6,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from redis.asyncio import Redis
 
+from api.auth import forbidden
 from api.state import AppState
 from fleetlm.settings import Settings
 from metering.keys import Principal
@@ -35,3 +36,12 @@ async def current_principal(
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
+
+
+def require_admin(principal: CurrentPrincipal) -> Principal:
+    if not principal.is_admin:
+        raise forbidden("this endpoint needs an admin key")
+    return principal
+
+
+AdminPrincipal = Annotated[Principal, Depends(require_admin)]

@@ -2,25 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
-from api.auth import forbidden
-from api.deps import CurrentPrincipal, State
-from metering.keys import Principal
+from api.deps import AdminPrincipal, State
 from metering.tenants import list_limits, list_tenants
 
 router = APIRouter(tags=["admin"])
-
-
-def require_admin(principal: CurrentPrincipal) -> Principal:
-    if not principal.is_admin:
-        raise forbidden("this endpoint needs an admin key")
-    return principal
-
-
-AdminPrincipal = Annotated[Principal, Depends(require_admin)]
 
 
 @router.get("/v1/admin/tenants")

@@ -1,10 +1,10 @@
-# GET /internal/workers: every live worker's engine stats (free KV blocks, running, waiting...).
-# The observability work turns these into /metrics series.
+# GET /internal/workers (admin keys only: fleet-wide figures, not one tenant's): every live
+# worker's engine stats (free KV blocks, running, waiting...).
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import CurrentPrincipal, State
+from api.deps import AdminPrincipal, State
 from api.relay import live_workers
 from workers import protocol as p
 
@@ -22,7 +22,7 @@ def _typed(stats: dict[str, str]) -> dict[str, object]:
 
 
 @router.get("/internal/workers")
-async def workers(state: State, _: CurrentPrincipal) -> dict[str, object]:
+async def workers(state: State, _: AdminPrincipal) -> dict[str, object]:
     ids = await live_workers(state.redis)
     pipe = state.redis.pipeline(transaction=False)
     for w in ids:

@@ -137,7 +137,7 @@ class Server:
     def workers_stats(self) -> list[dict]:
         r = httpx.get(
             self.base_url + "/internal/workers",
-            headers={"Authorization": f"Bearer {self.key}"},
+            headers={"Authorization": f"Bearer {self.admin_key}"},
             timeout=10,
         )
         r.raise_for_status()

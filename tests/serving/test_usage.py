@@ -94,6 +94,8 @@ def test_usage_is_per_tenant_and_matches_raw_rows(server):
     # isolation: a tenant key cannot read another tenant, nor use admin endpoints
     assert get(server, key_a, "/v1/usage", tenant=b).status_code == 403
     assert get(server, key_a, "/v1/admin/tenants").status_code == 403
+    assert get(server, key_a, "/internal/workers").status_code == 403  # fleet-wide figures
+    assert get(server, server.admin_key, "/internal/workers").status_code == 200
     theirs = get(server, server.admin_key, "/v1/usage", tenant=b)
     assert theirs.status_code == 200 and theirs.json()["total_requests"] == 1
     tenants = get(server, server.admin_key, "/v1/admin/tenants").json()["data"]
