@@ -1,8 +1,9 @@
 # A worker's Prometheus series, with vLLM's names so existing dashboards and autoscalers work.
-# The hot path only touches in-process objects: counters and histograms per finished request or
-# per delta (a token batch). The registry is serialised at most once per `snapshot_interval_s`
-# and rides on the worker's per-step Redis round trip (fleetlm:worker:{id}:metrics), where the
-# API's /metrics picks it up; the same registry is served on the worker's own port if enabled.
+# The hot path only touches in-process objects: counters per step, and histogram values that
+# are bucketed once per step (batch_histogram.py). The registry is serialised at most once per
+# `snapshot_interval_s` and rides on the worker's per-step Redis round trip
+# (fleetlm:worker:{id}:metrics), where the API's /metrics picks it up; the same registry is
+# served on the worker's own port if enabled.
 from __future__ import annotations
 
 import time
@@ -13,13 +14,14 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from workers.batch_histogram import BatchHistogram
 
 disable_created_metrics()  # no *_created series: they double the exposition for nothing
 
@@ -79,22 +81,25 @@ class WorkerMetrics:
             "vllm:request_success", "Successfully processed requests.",
             [*labels, "finished_reason"], registry=r,
         )  # fmt: skip
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", labels,
-            buckets=TTFT_BUCKETS, registry=r,
-        ).labels(model_name)  # fmt: skip
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", labels,
-            buckets=ITL_BUCKETS, registry=r,
-        ).labels(model_name)  # fmt: skip
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "End to end request latency in seconds.", labels,
-            buckets=LATENCY_BUCKETS, registry=r,
-        ).labels(model_name)  # fmt: skip
-        self.queue_time = Histogram(
+        # Histograms fed once per step (batch_histogram.py): the hot path collects values.
+        self.ttft = BatchHistogram(
+            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", model_name,
+            TTFT_BUCKETS,
+        )  # fmt: skip
+        self.itl = BatchHistogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", model_name,
+            ITL_BUCKETS,
+        )  # fmt: skip
+        self.e2e = BatchHistogram(
+            "vllm:e2e_request_latency_seconds", "End to end request latency in seconds.",
+            model_name, LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.queue_time = BatchHistogram(
             "vllm:request_queue_time_seconds", "Time spent queued (API admission to first "
-            "schedule) in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r,
-        ).labels(model_name)  # fmt: skip
+            "schedule) in seconds.", model_name, LATENCY_BUCKETS,
+        )  # fmt: skip
+        for histogram in (self.ttft, self.itl, self.e2e, self.queue_time):
+            r.register(histogram)
         self.busy_seconds = Counter(
             "fleetlm:engine_busy_seconds", "Seconds spent inside engine steps.", labels,
             registry=r,
@@ -124,18 +129,23 @@ class WorkerMetrics:
             return
         now = time.time()
         generated = 0
+        itl: list[float] = []
+        ttft: list[float] = []
+        last_token = self._last_token
         for d in deltas:
             n = len(d.new_token_ids)
             generated += n
             if n:
-                last = self._last_token.get(d.request_id)
+                last = last_token.get(d.request_id)
                 if last is not None:
-                    self.itl.observe((now - last) / n)
+                    itl.append((now - last) / n)
                 elif d.first_token_time is not None:
-                    self.ttft.observe(max(0.0, d.first_token_time - d.arrival_time))
-                self._last_token[d.request_id] = now
+                    ttft.append(max(0.0, d.first_token_time - d.arrival_time))
+                last_token[d.request_id] = now
             if d.finished:
                 self._on_finished(d, now)
+        self.itl.observe_many(itl)
+        self.ttft.observe_many(ttft)
         if generated:
             self.generation_tokens.inc(generated)
 
