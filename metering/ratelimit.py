@@ -7,8 +7,13 @@
 #   fleetlm:limit:{tenant}:{class}:running      zset request_id → lease deadline (unix s)
 #   fleetlm:limit:{tenant}:{class}:tpm:{minute} tokens reserved in that UTC minute (expires)
 #
-# Tokens per minute use fixed one-minute windows (the window of the admission); classes have
-# separate keys, so batch never draws on interactive headroom.
+# Tokens per minute are a sliding 60-second window, estimated from two minute counters: the
+# current UTC minute's tokens plus the previous minute's weighted by the share of it still
+# inside the window (1 at the minute boundary, 0 a minute later). Fixed minute windows let a
+# burst take twice the limit across a boundary (a full minute's worth at 12:00:59, another at
+# 12:01:00); the estimate assumes the previous minute's tokens were spread evenly, which real
+# traffic comes close to. Classes have separate keys, so batch never draws on interactive
+# headroom.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +22,9 @@ from typing import Any
 WINDOW_S = 60
 UNLIMITED = -1
 
+# KEYS: running zset, the token counters' prefix. ARGV: max_running, tpm, tokens wanted,
+# request_id, lease seconds. Returns {admitted, exceeded, running, tokens used (rounded up),
+# the admission minute, ms until the request would fit}.
 RESERVE_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -25,9 +33,27 @@ local want, lease = tonumber(ARGV[3]), tonumber(ARGV[5])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local running = redis.call('ZCARD', KEYS[1])
 local window = math.floor(now / 60)
+local elapsed = now - window * 60
 local wkey = KEYS[2] .. ':' .. window
-local used = tonumber(redis.call('GET', wkey) or '0')
-local reset_ms = math.floor(((window + 1) * 60 - now) * 1000)
+local current = tonumber(redis.call('GET', wkey) or '0')
+local previous = tonumber(redis.call('GET', KEYS[2] .. ':' .. (window - 1)) or '0')
+local weight = 1 - elapsed / 60
+local used = current + previous * weight
+local reset_ms = 1000
+if tpm >= 0 and used + want > tpm then
+  -- When would it fit? The previous minute's share decays at previous/60 tokens per second
+  -- until the boundary; then the current minute becomes the previous one and decays.
+  local excess = used + want - tpm
+  if previous > 0 and excess <= previous * weight then
+    reset_ms = excess / (previous / 60) * 1000
+  elseif want <= tpm and current > 0 then
+    reset_ms = ((60 - elapsed) + 60 * math.max(0, 1 - (tpm - want) / current)) * 1000
+  else
+    reset_ms = (60 - elapsed) * 1000
+  end
+end
+reset_ms = math.max(1, math.ceil(reset_ms))
+used = math.ceil(used)
 if max_running >= 0 and running >= max_running then
   return {0, 'requests', running, used, window, reset_ms}
 end
@@ -36,7 +62,7 @@ if tpm >= 0 and used + want > tpm then
 end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[4])
 redis.call('INCRBY', wkey, want)
-redis.call('EXPIRE', wkey, 120)
+redis.call('EXPIRE', wkey, 180)  -- read as the previous minute during the next one
 return {1, '', running + 1, used + want, window, reset_ms}
 """
 
