@@ -40,6 +40,18 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return [*sizes, max_num_seqs]
 
 
+def capture_graph(run: Callable[[], None], device: torch.device, pool=None):
+    """Warm `run` up (Triton compiles and autotunes outside capture), then capture it into
+    `pool` (None: a new one). Returns (graph, the pool, for the next capture to share)."""
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        run()
+    return graph, pool if pool is not None else graph.pool()
+
+
 class StepGraphs:
     def __init__(
         self,
@@ -127,15 +139,9 @@ class StepGraphs:
         # Largest first, so smaller graphs reuse the big one's memory.
         for bs in reversed(self.sizes):
             for mean_len in reversed(self.mean_lens):
-                for _ in range(2):  # warm-up: Triton compiles and autotunes outside capture
-                    self._run(bs, mean_len)
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._run(bs, mean_len)
-                if pool is None:
-                    pool = graph.pool()
-                self.graphs[bs, mean_len] = graph
+                self.graphs[bs, mean_len], pool = capture_graph(
+                    lambda bs=bs, m=mean_len: self._run(bs, m), self.device, pool
+                )
         torch.cuda.synchronize(self.device)
         return pool
 

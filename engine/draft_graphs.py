@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.cuda_graphs import capture_sizes
+from engine.cuda_graphs import capture_graph, capture_sizes
 from engine.request import Request
 
 if TYPE_CHECKING:
@@ -60,15 +60,7 @@ class DraftChainGraphs:
         if self.device.type != "cuda":
             return pool  # nothing to capture: replay runs the same path eagerly (CPU tests)
         for bs in reversed(self.sizes):  # largest first: smaller ones reuse its memory
-            for _ in range(2):  # warm-up: Triton compiles outside capture
-                self._chain(bs)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._chain(bs)
-            if pool is None:
-                pool = graph.pool()
-            self.graphs[bs] = graph
+            self.graphs[bs], pool = capture_graph(lambda bs=bs: self._chain(bs), self.device, pool)
         torch.cuda.synchronize(self.device)
         return pool
 
