@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from fleetlm.bench.engine_bench import run_workload, workload_floor_s
-from fleetlm.bench.workloads import describe, nano, seed_workload
+from fleetlm.bench.workloads import SEED_TRAFFIC, describe, generate, nano
 
 MODEL = "llama-3.1-8b"
 TTFT_TARGET_S, TPOT_TARGET_S = 0.8, 0.040
@@ -105,16 +105,20 @@ def part_nano(results: dict, quick: bool) -> None:
     del engine
 
 
+def seed_requests(n: int, rate: float | None, vocab: int, seed: int) -> list:
+    return generate(SEED_TRAFFIC, vocab=vocab, seed=seed, rate=rate, num_requests=n)
+
+
 def part_seed(results: dict, quick: bool) -> None:
     engine = make_engine()
     warm_up(engine)
     vocab = engine.model_config.vocab_size
     dep = deployment(results["ceilings"])
     n = 60 if quick else 160
-    run_workload(engine, seed_workload(24, rate=None, vocab=vocab, seed=9), detokenize=False)
+    run_workload(engine, seed_requests(24, None, vocab, seed=9), detokenize=False)
     engine.block_manager.reset_prefix_cache()
     runs = {}
-    burst = seed_workload(n, rate=None, vocab=vocab, seed=1)
+    burst = seed_requests(n, None, vocab, seed=1)
     r = run_workload(engine, burst)
     r["roofline"] = workload_floor_s(dep, burst, max_batch=256, cached_fraction=0.6)
     r["achieved_over_roofline"] = r["output_tok_s"] / r["roofline"]["roofline_output_tok_s"]
@@ -122,7 +126,7 @@ def part_seed(results: dict, quick: bool) -> None:
     engine.block_manager.reset_prefix_cache()
     best = None
     for rate in [2.0, 4.0] if quick else [4.0, 6.0, 8.0, 12.0]:
-        reqs = seed_workload(n if quick else n // 2, rate=rate, vocab=vocab, seed=2)
+        reqs = seed_requests(n if quick else n // 2, rate, vocab, seed=2)
         r = run_workload(engine, reqs)
         r["rate_req_s"] = rate
         r["meets_targets"] = (

@@ -19,6 +19,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.spec_ngram import NgramProposer
 from engine.spec_policy import Speculator
+from engine.step_trace import StepTrace
 from engine.tokenizer import Tokenizer
 
 _DTYPES = {
@@ -93,6 +94,21 @@ class LLMEngine:
             self.speculator = Speculator(config, self.runner.draft)
         self._pending: list[RequestDelta] = []  # aborted since the last step
         self.last_schedule_s = 0.0
+        self.step_trace: StepTrace | None = None  # enable_step_trace() turns recording on
+        self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
+
+    def enable_step_trace(
+        self, capacity: int = 1 << 18, extra_fields: tuple[str, ...] = ()
+    ) -> StepTrace:
+        """Record every step (engine/step_trace.py); on CUDA also its GPU interval."""
+        self.step_trace = StepTrace(capacity, extra_fields)
+        if self.device.type == "cuda":
+            self.runner.step_events = []
+        return self.step_trace
+
+    def disable_step_trace(self) -> None:
+        self.step_trace = None
+        self.runner.step_events = None
 
     # -- requests ------------------------------------------------------------------------
 
@@ -157,6 +173,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestDelta]:
         deltas, self._pending = self._pending, []
+        started_at = time.time()
         t0 = time.perf_counter()
         spec = self.speculator
         drafting = spec is not None and spec.plan(self.scheduler.running)
@@ -168,6 +185,7 @@ class LLMEngine:
         self.last_schedule_s = time.perf_counter() - t0  # includes drafting, when on
         num_before = {r.request_id: r.num_tokens for r in out.requests}
         sampled = self.runner.execute(out) if not out.is_empty else []
+        t_post = time.perf_counter()
         for request in self.scheduler.update_from_output(out, sampled):
             start = num_before[request.request_id]
             new_ids = request.token_ids[start:]  # several when drafts were accepted
@@ -192,7 +210,28 @@ class LLMEngine:
             deltas.append(self._delta(request, new_ids, text))
         for request in out.failed:
             deltas.append(self._delta(request, [], self._flush(request)))
+        if self.step_trace is not None and not out.is_empty:
+            self._trace_step(out, started_at, t0, t_post)
         return deltas
+
+    def _trace_step(self, out, started_at: float, t0: float, t_post: float) -> None:
+        now = time.perf_counter()
+        timing = self.runner.timing
+        bm = self.block_manager
+        row = self.step_trace.record(
+            start=started_at, wall_s=now - t0, schedule_s=self.last_schedule_s,
+            prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
+            post_s=now - t_post, num_tokens=sum(out.num_new_tokens),
+            num_decodes=out.num_decodes, num_seqs=len(out.requests),
+            num_running=len(self.scheduler.running), num_waiting=self.scheduler.num_waiting,
+            kv_usage=bm.usage,
+        )  # fmt: skip
+        self.last_step_row = row
+        events = self.runner.step_events
+        if events:
+            start, end = events.pop()
+            events.clear()
+            self.step_trace.attach_gpu_events(row, start, end)
 
     @staticmethod
     def _flush(request: Request) -> str:

@@ -18,7 +18,7 @@ from engine.models.config import ModelConfig
 from engine.models.loader import build_model
 from engine.models.rope import cos_sin_cache
 from engine.request import Request
-from engine.sampler import SamplingBatch, sample
+from engine.sampler import SamplingBatch, sample, to_host_list
 from engine.scheduler import SchedulerOutput
 from engine.spec_draft import DraftProposer
 from engine.spec_verify import verify
@@ -83,10 +83,10 @@ class ModelRunner:
         """One entry per sampling request: a token id, or (when the batch verifies drafts) a
         list of accepted drafts + one target token."""
         t0 = time.perf_counter()
-        if self._step_start is None:
-            self.begin_step()
         batch = self.batch_builder.prepare(out)
         sampling = self._sampling_batch(batch.sampling_requests, batch.has_drafts)
+        if self._step_start is None:
+            self.begin_step()  # after the host's packing: the interval is the device's work
         t1 = time.perf_counter()
         meta = batch.meta
         graphs = self._graphs_for(batch)
@@ -110,7 +110,7 @@ class ModelRunner:
         else:
             sampled = sample(logits, sampling) if sampling is not None else None
             self._record_end()
-            result = sampled.tolist() if sampled is not None else []  # the one D2H copy
+            result = to_host_list(sampled) if sampled is not None else []  # the one D2H copy
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return result

@@ -66,6 +66,19 @@ class SamplingBatch:
         )
 
 
+def to_host_list(t: torch.Tensor) -> list:
+    """t.tolist() for a device tensor, waiting on an event: the wait releases the GIL, so the
+    worker's other threads (its Redis round trip) run while the GPU finishes the step."""
+    if t.device.type != "cuda":
+        return t.tolist()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host.tolist()
+
+
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     t = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":

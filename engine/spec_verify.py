@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from engine.request import Request
-from engine.sampler import SamplingBatch, target_probs
+from engine.sampler import SamplingBatch, target_probs, to_host_list
 
 
 def rejection_sample(
@@ -91,7 +91,7 @@ def verify(
         sampled_row = batch.temperature > 0
         accepted = torch.where(sampled_row, s_accepted, accepted)
         fallback = torch.where(sampled_row, s_fallback, fallback)
-    flags, tokens = torch.stack((accepted.long(), fallback)).tolist()  # the one D2H copy
+    flags, tokens = to_host_list(torch.stack((accepted.long(), fallback)))  # the one D2H copy
     out: list[list[int]] = []
     row = 0
     for r in requests:

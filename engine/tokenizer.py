@@ -275,8 +275,15 @@ def _load_chat_template(path: Path, config: Mapping[str, Any]) -> str | dict[str
     return templates
 
 
+# A preset's ids beyond the byte range and its specials decode to one printable character each,
+# so a random-weight preset streams about one visible chunk per generated token, as a real
+# checkpoint does (benchmark tools measure TTFT and inter-token latency from the text).
+_VISIBLE = "etaoinshrdlucmfwypvbgkjqxz ETAOINSHRDLUCMFWYPVBGKJQXZ0123456789 .,"
+
+
 class ByteTokenizer(_ChatMixin):
-    """Ids 0-255 are raw bytes, then a few specials; any other id decodes to ""."""
+    """Ids 0-255 are raw bytes, then a few specials; any other id decodes to one printable
+    character (_VISIBLE[id % len(_VISIBLE)]), which encoding does not map back."""
 
     SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>")
 
@@ -300,6 +307,7 @@ class ByteTokenizer(_ChatMixin):
         self.bos_token_id = bos_token_id
         self.eos_token_ids = eos_token_ids
         self.all_special_ids = tuple(sorted(set(self._id_to_name) | set(eos_token_ids)))
+        self._specials = frozenset(self.all_special_ids)
         self.special_tokens = {"bos_token": bos_name, "eos_token": eos_name}
         self.chat_template: str | dict[str, str] | None = CHATML_TEMPLATE
         self.model_max_length: int | None = None
@@ -330,14 +338,19 @@ class ByteTokenizer(_ChatMixin):
         for i in ids:
             if 0 <= i < 256:
                 buf.append(i)
-            elif not skip_special_tokens and i in self._id_to_name:
-                buf += self._id_to_name[i].encode()
+            elif i in self._specials:
+                if not skip_special_tokens and i in self._id_to_name:
+                    buf += self._id_to_name[i].encode()
+            elif i >= 256:
+                buf.append(ord(_VISIBLE[i % len(_VISIBLE)]))
         return buf.decode("utf-8", errors="replace")
 
     def id_to_token(self, token_id: int) -> str | None:
         if 0 <= token_id < 256:
             return f"<0x{token_id:02X}>"
-        return self._id_to_name.get(token_id)
+        if token_id in self._specials or not 256 <= token_id < self.vocab_size:
+            return self._id_to_name.get(token_id)
+        return _VISIBLE[token_id % len(_VISIBLE)]
 
     def token_to_id(self, token: str) -> int | None:
         if m := re.fullmatch(r"<0x([0-9A-F]{2})>", token):

@@ -8,8 +8,11 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (engine)")
+    from fleetlm import bench_serve_cmd
+
+    p = sub.add_parser("bench", help="benchmarks (engine, serve)")
     kinds = p.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
+    bench_serve_cmd.register(kinds)
     e = kinds.add_parser("engine", help="the engine on the nano or seed workload")
     e.add_argument("--model", default="llama-3.1-8b", help="preset or HF checkpoint directory")
     e.add_argument("--workload", choices=("nano", "seed"), default="nano")
@@ -28,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine import EngineConfig, LLMEngine
     from fleetlm.bench.engine_bench import run_workload
-    from fleetlm.bench.workloads import describe, nano, seed_workload
+    from fleetlm.bench.workloads import SEED_TRAFFIC, describe, generate, nano
 
     engine = LLMEngine(
         EngineConfig(
@@ -49,12 +52,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         n = args.num_requests or 160
         rates = [float(r) for r in args.rates.split(",") if r] or [None]
-        warm = seed_workload(16, vocab=vocab, seed=9, max_prompt=room - 2048)
+        fit = {"max_prompt_tokens": room - 2048, "max_total_tokens": room}
+        warm = generate(SEED_TRAFFIC, vocab=vocab, seed=9, num_requests=16, **fit)
         _fit(warm, room)
         run_workload(engine, warm, detokenize=args.detokenize)
         for rate in rates:
             engine.block_manager.reset_prefix_cache()
-            reqs = seed_workload(n, rate=rate, vocab=vocab, seed=2, max_prompt=room - 2048)
+            reqs = generate(SEED_TRAFFIC, vocab=vocab, seed=2, rate=rate, num_requests=n, **fit)
             _fit(reqs, room)
             result = run_workload(engine, reqs, detokenize=args.detokenize)
             result["rate_req_s"] = rate

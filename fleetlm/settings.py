@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     num_speculative_tokens: int = 4
     draft_model: str | None = None
     torch_threads: int | None = None  # CPU workers: intra-op threads (None → torch's default)
+    # Run the step's Redis round trip on a thread while the next step runs (docs/serving.md);
+    # None → on for GPU workers, off on the CPU (the thread would take a core from the forward).
+    worker_overlap_exchange: bool | None = None
+    worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
 
     # -- operations (docs/operations.md) ---------------------------------------------------
     worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)

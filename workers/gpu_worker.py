@@ -6,6 +6,7 @@
 # workers takes only the entries of a worker that stopped heartbeating.
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -13,7 +14,8 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -23,6 +25,7 @@ from fleetlm.settings import Settings
 from metering.ratelimit import release_call
 from workers import protocol as p
 from workers.metrics import WorkerMetrics
+from workers.step_timing import StepTiming
 from workers.usage import BusyMeter, usage_record
 
 log = logging.getLogger("fleetlm.worker")
@@ -34,6 +37,18 @@ class Inflight:
     queue: str
     entry_id: str
     published: bool = False  # any output event sent: from then on it can no longer be re-run
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One step's Redis round trip in flight, and where its replies land in the results."""
+
+    future: Future
+    ids: list[str] = field(default_factory=list)  # inflight ids whose cancel keys were read
+    streams: list[str] = field(default_factory=list)  # queues XAUTOCLAIMed, in order
+    at_cancels: int = -1
+    at_reclaim: int = -1
+    at_read: int = -1  # the XREADGROUP's reply, or -1 when nothing was read
 
 
 def new_worker_id() -> str:
@@ -86,6 +101,10 @@ class GpuWorker:
         self._dead_after_ms = int(settings.worker_dead_after_s * 1000)
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
+        self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
+        self.overlap_exchange = settings.worker_overlap_exchange
+        if self.overlap_exchange is None:
+            self.overlap_exchange = self.engine.device.type == "cuda"
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -100,23 +119,44 @@ class GpuWorker:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
+        # The model, the engine and the tokenizer are built and stay: keep the collector from
+        # re-scanning them in every full collection on the step path.
+        gc.collect()
+        gc.freeze()
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
+        # The Redis round trip of step N runs on this thread while step N+1 runs on the GPU;
+        # its admissions and cancels apply before step N+2 (one step later than in lock step).
+        io = ThreadPoolExecutor(1, thread_name_prefix="redis-exchange")
+        pending: Exchange | None = None
         try:
             while not self.stopping.is_set():
-                if self.draining.is_set() and self._drained():
-                    break
+                loop_started = time.perf_counter()
+                if self.draining.is_set():
+                    pending = self._complete(pending)
+                    if self._drained():
+                        break
                 deltas = []
+                row = -1
                 if self.engine.has_unfinished():
                     started = time.perf_counter()
                     deltas = self.engine.step()
                     elapsed = time.perf_counter() - started
+                    row = self.engine.last_step_row
                     self.busy.add(elapsed)
                     self.num_steps += 1
                     self.metrics.on_step(
                         [d for d in deltas if d.request_id in self.inflight], elapsed
                     )
-                self._exchange(deltas)
+                self._complete(pending, row)
+                pending = self._begin_exchange(io, deltas, row)
+                if not self.overlap_exchange:
+                    pending = self._complete(pending, row)
+                self.step_timing.end_loop(row, loop_started)
         finally:
+            self._complete(pending)
+            io.shutdown(wait=True)
+            self.step_timing.flush(force=True)
+            self.step_timing.close()
             self._shutdown()
 
     def _heartbeat(self) -> None:
@@ -200,7 +240,10 @@ class GpuWorker:
 
     # -- the per-step round trip ----------------------------------------------------------
 
-    def _exchange(self, deltas: list) -> None:
+    def _begin_exchange(self, io: ThreadPoolExecutor, deltas: list, row: int) -> Exchange:
+        """Build the step's pipeline here (it reads and updates `inflight`) and run it on the
+        exchange thread."""
+        t0 = time.perf_counter()
         pipe = self.redis.pipeline(transaction=False)
         for delta in deltas:
             self._publish(pipe, delta)
@@ -251,23 +294,49 @@ class GpuWorker:
             pipe.xreadgroup(
                 p.GROUP, self.worker_id, dict.fromkeys(streams, ">"), count=room, block=block
             )
-        elif idle:
+        exchange = Exchange(
+            future=io.submit(self._execute, pipe),
+            ids=ids,
+            streams=streams if reclaim else [],
+            at_cancels=at_cancels,
+            at_reclaim=at_reclaim,
+            at_read=at_read if room > 0 else -1,
+        )
+        if room <= 0 and idle:
             time.sleep(0.01)
-        results = pipe.execute()
+        self.step_timing.add(row, exchange_build_s=time.perf_counter() - t0)
+        return exchange
 
-        if ids:
-            for request_id, flag in zip(ids, results[at_cancels]):
+    def _execute(self, pipe: redis.client.Pipeline) -> tuple[list, float]:
+        t0 = time.perf_counter()
+        results = pipe.execute()
+        return results, time.perf_counter() - t0
+
+    def _complete(self, exchange: Exchange | None, row: int = -1) -> None:
+        """Wait for an exchange and apply what it read: cancels, then new requests."""
+        if exchange is None:
+            return None
+        t0 = time.perf_counter()
+        results, io_s = exchange.future.result()
+        t1 = time.perf_counter()
+        if exchange.ids:
+            for request_id, flag in zip(exchange.ids, results[exchange.at_cancels]):
                 if flag is not None and self.engine.abort(request_id):
                     self.last_cancel_step = self.num_steps
                     log.info("cancelled %s", request_id)
-        if reclaim:
-            for queue, claimed in zip(streams, results[at_reclaim:at_read]):
+        if exchange.streams:
+            claims = results[exchange.at_reclaim : exchange.at_reclaim + len(exchange.streams)]
+            for queue, claimed in zip(exchange.streams, claims):
                 self._claim_cursor[queue] = claimed[0]
                 self._admit_reclaimed(queue, claimed[1])
-        if room > 0:
-            for queue, entries in results[at_read] or []:
+        if exchange.at_read >= 0:
+            for queue, entries in results[exchange.at_read] or []:
                 for entry_id, fields in entries:
                     self._admit(queue, entry_id, fields)
+        self.step_timing.add(
+            row, exchange_wait_s=t1 - t0, exchange_io_s=io_s, apply_s=time.perf_counter() - t1
+        )
+        return None
 
     def _stats_mapping(self, stats: Any) -> dict[str, Any]:
         return {

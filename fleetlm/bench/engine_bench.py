@@ -4,128 +4,94 @@
 from __future__ import annotations
 
 import math
-import statistics
 import time
-from dataclasses import dataclass, field
 
+import numpy as np
+
+from fleetlm.bench.latency import RequestRecord, percentiles
 from fleetlm.bench.workloads import BenchRequest
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": math.nan, "p95": math.nan, "p99": math.nan}
-    s = sorted(values)
-
-    def pick(q: float) -> float:
-        return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-    return {"p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99)}
-
-
-@dataclass(slots=True)
-class _Track:
-    arrival: float
-    num_prompt: int
-    first_token: float | None = None
-    finish: float | None = None
-    num_out: int = 0
-    reason: str | None = None
-
-
-@dataclass(slots=True)
-class _Steps:
-    wall: list[float] = field(default_factory=list)
-    schedule: list[float] = field(default_factory=list)
-    prepare: list[float] = field(default_factory=list)
-    forward: list[float] = field(default_factory=list)
-    sample: list[float] = field(default_factory=list)
-    kv_usage: list[float] = field(default_factory=list)
-    num_running: list[int] = field(default_factory=list)
-
-
 def run_workload(
-    engine, requests: list[BenchRequest], *, timeout_s: float = 600.0, detokenize: bool = True
+    engine,
+    requests: list[BenchRequest],
+    *,
+    timeout_s: float = 600.0,
+    detokenize: bool = True,
+    keep_records: bool = False,
 ) -> dict:
-    import torch
-
+    """Replay `requests` at their arrival offsets (a request joins at the first step boundary
+    after its arrival) and report on the whole run; with keep_records, the per-request records
+    (fleetlm.bench.latency) and the step trace's columns come back too."""
     from engine.sampling_params import SamplingParams
 
-    runner = engine.runner
-    cuda = engine.device.type == "cuda"
-    runner.step_events = [] if cuda else None
+    trace = engine.enable_step_trace()
     stats0 = engine.stats()
     pending = sorted(enumerate(requests), key=lambda kv: kv[1].arrival_s)
-    tracks: dict[str, _Track] = {}
-    steps = _Steps()
+    records: dict[str, RequestRecord] = {}
     t0 = time.time()
     deadline = t0 + timeout_s
     i = 0
-    while i < len(pending) or engine.has_unfinished():
-        now = time.time()
-        if now > deadline:
-            raise TimeoutError(f"workload did not finish within {timeout_s}s")
-        while i < len(pending) and t0 + pending[i][1].arrival_s <= now:
-            idx, r = pending[i]
-            rid = f"bench-{idx}"
-            params = SamplingParams(
-                temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, detokenize=detokenize
-            )
-            arrival = t0 + r.arrival_s
-            engine.add_request(rid, r.prompt_ids, params, r.priority, arrival_time=arrival)
-            tracks[rid] = _Track(arrival=arrival, num_prompt=len(r.prompt_ids))
-            i += 1
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, min(0.01, t0 + pending[i][1].arrival_s - time.time())))
-            continue
-        s0 = time.perf_counter()
-        deltas = engine.step()
-        steps.wall.append(time.perf_counter() - s0)
-        steps.schedule.append(engine.last_schedule_s)
-        steps.prepare.append(runner.timing.prepare_s)
-        steps.forward.append(runner.timing.forward_s)
-        steps.sample.append(runner.timing.sample_s)
-        st = engine.stats()
-        steps.kv_usage.append(st.kv_cache_usage)
-        steps.num_running.append(st.num_running)
-        for d in deltas:
-            tr = tracks[d.request_id]
-            tr.num_out = d.usage.completion_tokens
-            if d.first_token_time is not None:
-                tr.first_token = d.first_token_time
-            if d.finished:
-                tr.finish = d.finish_time
-                tr.reason = d.finish_reason
-    elapsed = time.time() - t0
-    gpu_busy_s = gpu_span_s = math.nan
-    if cuda and runner.step_events:
-        torch.cuda.synchronize()
-        ev = runner.step_events
-        gpu_busy_s = sum(a.elapsed_time(b) for a, b in ev) / 1e3
-        gpu_span_s = ev[0][0].elapsed_time(ev[-1][1]) / 1e3
-    runner.step_events = None
+    try:
+        while i < len(pending) or engine.has_unfinished():
+            now = time.time()
+            if now > deadline:
+                raise TimeoutError(f"workload did not finish within {timeout_s}s")
+            while i < len(pending) and t0 + pending[i][1].arrival_s <= now:
+                idx, r = pending[i]
+                rid = f"bench-{idx}"
+                params = SamplingParams(
+                    temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True,
+                    detokenize=detokenize,
+                )  # fmt: skip
+                engine.add_request(
+                    rid, r.prompt_ids, params, r.priority, arrival_time=t0 + r.arrival_s
+                )
+                records[rid] = RequestRecord(idx, r.priority, r.arrival_s, len(r.prompt_ids))
+                i += 1
+            if not engine.has_unfinished():
+                time.sleep(max(0.0, min(0.01, t0 + pending[i][1].arrival_s - time.time())))
+                continue
+            deltas = engine.step()
+            for d in deltas:
+                rec = records[d.request_id]
+                if d.new_token_ids:
+                    rec.token_times.append(time.time() - t0)
+                rec.num_output = d.usage.completion_tokens
+                rec.num_cached = d.usage.cached_tokens
+                if d.first_token_time is not None and rec.first_token_s is None:
+                    rec.first_token_s = d.first_token_time - t0
+                if d.finished:
+                    rec.finish_s = d.finish_time - t0
+                    rec.status = "ok" if d.finish_reason == "length" else f"error:{d.finish_reason}"
+        elapsed = time.time() - t0
+        steps = trace.columns()
+    finally:
+        engine.disable_step_trace()
     stats1 = engine.stats()
 
-    done = list(tracks.values())
-    bad = [t.reason for t in done if t.reason != "length"]
-    total_out = sum(t.num_out for t in done)
-    total_in = sum(t.num_prompt for t in done)
-    ttft = [t.first_token - t.arrival for t in done if t.first_token is not None]
-    tpot = [(t.finish - t.first_token) / (t.num_out - 1) for t in done if t.num_out > 1]
+    done = list(records.values())
+    total_out = sum(r.num_output for r in done)
+    total_in = sum(r.num_prompt for r in done)
+    ttft = [r.first_token_s - r.arrival_s for r in done if r.first_token_s is not None]
+    tpot = [
+        (r.finish_s - r.first_token_s) / (r.num_output - 1)
+        for r in done
+        if r.num_output > 1 and r.finish_s is not None
+    ]
     queries = stats1.prefix_cache_queries - stats0.prefix_cache_queries
     hits = stats1.prefix_cache_hits - stats0.prefix_cache_hits
-    n_steps = len(steps.wall)
-    step_total = sum(steps.wall)
-    breakdown = {
-        "schedule": sum(steps.schedule),
-        "prepare": sum(steps.prepare),
-        "forward": sum(steps.forward),
-        "sample": sum(steps.sample),
-    }
+    wall = steps["wall_s"]
+    step_total = float(wall.sum())
+    breakdown = {k: float(steps[f"{k}_s"].sum()) for k in ("schedule", "prepare", "forward")}
+    breakdown["sample"] = float(steps["sample_s"].sum())
     breakdown["host_other"] = step_total - sum(breakdown.values())
-    return {
+    gpu = steps["gpu_s"][np.isfinite(steps["gpu_s"])]
+    span = float(steps["start"][-1] + wall[-1] - steps["start"][0]) if len(wall) else 0.0
+    result = {
         "num_requests": len(done),
         "detokenize": detokenize,
-        "unexpected_finishes": bad,
+        "unexpected_finishes": [r.status for r in done if r.status != "ok"],
         "elapsed_s": elapsed,
         "input_tokens": total_in,
         "output_tokens": total_out,
@@ -133,24 +99,28 @@ def run_workload(
         "total_tok_s": (total_in + total_out) / elapsed,
         "ttft_s": percentiles(ttft),
         "tpot_s": percentiles(tpot),
-        "steps": n_steps,
-        "mean_step_ms": 1e3 * step_total / max(n_steps, 1),
-        "step_ms": {k: 1e3 * v for k, v in percentiles(steps.wall).items()}
-        | {"max": 1e3 * max(steps.wall, default=0.0)},
+        "steps": len(wall),
+        "mean_step_ms": 1e3 * step_total / max(len(wall), 1),
+        "step_ms": {k: 1e3 * v for k, v in percentiles(wall.tolist()).items()}
+        | {"max": 1e3 * float(wall.max(initial=0.0))},
         "step_breakdown_s": breakdown,
         "step_breakdown_fraction": {k: v / step_total for k, v in breakdown.items()}
         if step_total
         else {},
-        "gpu_busy_s": gpu_busy_s,
-        "gpu_idle_fraction": 1.0 - gpu_busy_s / gpu_span_s
-        if gpu_span_s == gpu_span_s
-        else math.nan,
-        "kv_usage_mean": statistics.fmean(steps.kv_usage) if steps.kv_usage else 0.0,
-        "kv_usage_max": max(steps.kv_usage, default=0.0),
-        "max_running": max(steps.num_running, default=0),
+        "gpu_busy_s": float(gpu.sum()) if gpu.size else math.nan,
+        # GPU intervals run from the end of the host's batch packing to the step's last kernel.
+        "gpu_idle_fraction": 1.0 - float(gpu.sum()) / span if gpu.size and span else math.nan,
+        "kv_usage_mean": float(steps["kv_usage"].mean()) if len(wall) else 0.0,
+        "kv_usage_max": float(steps["kv_usage"].max(initial=0.0)),
+        "max_running": int(steps["num_running"].max(initial=0)),
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "preemptions": stats1.num_preemptions - stats0.num_preemptions,
     }
+    if keep_records:
+        result["records"] = [records[f"bench-{idx}"] for idx, _ in pending]
+        result["step_columns"] = steps
+        result["start_time"] = t0
+    return result
 
 
 def workload_floor_s(

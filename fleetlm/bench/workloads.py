@@ -3,22 +3,160 @@
 #
 # `nano`: nano-vllm's published bench — 256 sequences, input and output lengths uniform in
 # [100, 1024], random token ids, all arriving at once.
-# `seed`: the design brief's traffic — prompts averaging ≈2,000 tokens with a long tail to
-# 32,000, outputs averaging ≈400, ≈60 % of input tokens from a few shared system prompts,
-# 70 % interactive / 30 % batch, Poisson arrivals at `rate` requests/s (or all at once).
+# `seed`: the design brief's traffic, defined once in SEED_TRAFFIC below and used by both
+# `fleetlm bench engine` and `fleetlm bench serve`.
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass(slots=True)
 class BenchRequest:
     prompt_ids: list[int]
     max_tokens: int
-    priority: str
+    priority: str  # "interactive" | "batch" (service_tier "flex" at the HTTP edge)
     arrival_s: float
+    num_shared_tokens: int = 0  # leading prompt tokens taken from a shared system prompt
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficSpec:
+    """A traffic shape: shared system prompts + a user part (chat turns with a tail of long
+    documents), lognormal output lengths, a priority mix, Poisson arrivals."""
+
+    name: str
+    num_system_prompts: int
+    system_prompt_tokens: int
+    long_doc_fraction: float  # share of requests whose user part is a long document
+    long_doc_tokens: tuple[int, int]  # uniform range of a long document's length
+    chat_mean_tokens: float  # mean user part of the other requests (lognormal)
+    chat_sigma: float
+    output_mean_tokens: float  # lognormal, clipped to [output_min, output_max]
+    output_sigma: float
+    output_min: int
+    output_max: int
+    interactive_fraction: float
+    max_prompt_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.num_system_prompts < 1 or self.system_prompt_tokens < 0:
+            raise ValueError("need at least one system prompt of non-negative length")
+        if not 0.0 <= self.long_doc_fraction <= 1.0 or not 0 < self.interactive_fraction <= 1:
+            raise ValueError("fractions must be in [0, 1]")
+        lo, hi = self.long_doc_tokens
+        if not 0 < lo <= hi:
+            raise ValueError("long_doc_tokens must be an increasing positive range")
+        if not 1 <= self.output_min <= self.output_max:
+            raise ValueError("need 1 <= output_min <= output_max")
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        lo, hi = self.long_doc_tokens
+        user = self.long_doc_fraction * (lo + hi) / 2
+        user += (1 - self.long_doc_fraction) * self.chat_mean_tokens
+        return self.system_prompt_tokens + user
+
+    @property
+    def shared_fraction(self) -> float:
+        return self.system_prompt_tokens / self.mean_prompt_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {
+            "mean_prompt_tokens": self.mean_prompt_tokens,
+            "shared_fraction": self.shared_fraction,
+        }
+
+
+# The brief: prompts ≈ 2,000 tokens of which ≈ 60 % come from 8 shared 1,200-token system
+# prompts, 2 % long documents of 8k–30k tokens (the tail to 32k), outputs ≈ 400 tokens
+# (lognormal), 70 % interactive / 30 % batch ("flex"). The chat part's mean makes the whole
+# prompt mean 2,000: 1,200 + 0.02 × 19,000 + 0.98 × m = 2,000 → m ≈ 429.
+SEED_TRAFFIC = TrafficSpec(
+    name="seed",
+    num_system_prompts=8,
+    system_prompt_tokens=1200,
+    long_doc_fraction=0.02,
+    long_doc_tokens=(8000, 30000),
+    chat_mean_tokens=(800 - 0.02 * 19000) / 0.98,
+    chat_sigma=0.8,
+    output_mean_tokens=400,
+    output_sigma=0.7,
+    output_min=8,
+    output_max=2048,
+    interactive_fraction=0.7,
+    max_prompt_tokens=32000,
+)
+TRAFFIC = {"seed": SEED_TRAFFIC}
+
+
+def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
+    # E[exp(N(mu, sigma²))] = exp(mu + sigma²/2) = mean
+    return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
+
+
+def _token_sampler(rng: random.Random, vocab: int, excluded: frozenset[int]):
+    def draw(n: int) -> list[int]:
+        out = []
+        while len(out) < n:
+            t = rng.randrange(vocab)
+            if t not in excluded:
+                out.append(t)
+        return out
+
+    return draw
+
+
+def generate(
+    spec: TrafficSpec,
+    *,
+    vocab: int,
+    seed: int = 0,
+    rate: float | None = None,
+    duration_s: float | None = None,
+    num_requests: int | None = None,
+    max_prompt_tokens: int | None = None,
+    max_total_tokens: int | None = None,
+    excluded_ids: frozenset[int] = frozenset(),
+) -> list[BenchRequest]:
+    """Requests of `spec`. With `rate`, Poisson arrivals until `duration_s` (or `num_requests`
+    requests); without, `num_requests` all arriving at 0. The i-th request's content depends
+    only on `seed` and i, never on the rate, so sweeps replay the same requests in order.
+    `max_prompt_tokens` / `max_total_tokens` clip prompts and outputs to a server's context."""
+    if rate is None and num_requests is None:
+        raise ValueError("all-at-once traffic needs num_requests")
+    if rate is not None and rate <= 0:
+        raise ValueError("rate must be positive")
+    if rate is not None and duration_s is None and num_requests is None:
+        raise ValueError("Poisson traffic needs duration_s or num_requests")
+    content = random.Random(f"{spec.name}:{seed}:content")
+    arrivals = random.Random(f"{spec.name}:{seed}:arrivals:{rate}")
+    draw = _token_sampler(random.Random(f"{spec.name}:{seed}:tokens"), vocab, excluded_ids)
+    systems = [draw(spec.system_prompt_tokens) for _ in range(spec.num_system_prompts)]
+    max_prompt = min(spec.max_prompt_tokens, max_prompt_tokens or spec.max_prompt_tokens)
+    out: list[BenchRequest] = []
+    t = 0.0
+    while num_requests is None or len(out) < num_requests:
+        if rate is not None:
+            t += arrivals.expovariate(rate)
+            if duration_s is not None and t > duration_s:
+                break
+        system = systems[content.randrange(spec.num_system_prompts)]
+        if content.random() < spec.long_doc_fraction:
+            user = content.randint(*spec.long_doc_tokens)
+        else:
+            user = max(1, round(_lognormal(content, spec.chat_mean_tokens, spec.chat_sigma)))
+        n_out = round(_lognormal(content, spec.output_mean_tokens, spec.output_sigma))
+        n_out = min(spec.output_max, max(spec.output_min, n_out))
+        priority = "interactive" if content.random() < spec.interactive_fraction else "batch"
+        shared = min(len(system), max_prompt - 1)
+        user = min(user, max_prompt - shared)
+        prompt = system[:shared] + draw(user)
+        if max_total_tokens is not None:
+            n_out = max(1, min(n_out, max_total_tokens - len(prompt)))
+        out.append(BenchRequest(prompt, n_out, priority, t, num_shared_tokens=shared))
+    return out
 
 
 def nano(num_requests: int = 256, vocab: int = 32000, seed: int = 0) -> list[BenchRequest]:
@@ -33,47 +171,16 @@ def nano(num_requests: int = 256, vocab: int = 32000, seed: int = 0) -> list[Ben
     return out
 
 
-def seed_workload(
-    num_requests: int = 200,
-    rate: float | None = None,
-    vocab: int = 32000,
-    seed: int = 0,
-    num_system_prompts: int = 4,
-    max_prompt: int = 32000,
-) -> list[BenchRequest]:
-    rng = random.Random(seed)
-    # Shared system prompts ≈ 1,200 tokens: 60 % of a 2,000-token mean prompt.
-    systems = [
-        [rng.randrange(vocab) for _ in range(rng.randint(1000, 1400))]
-        for _ in range(num_system_prompts)
-    ]
-    out = []
-    t = 0.0
-    for _ in range(num_requests):
-        system = systems[rng.randrange(num_system_prompts)]
-        # User part, mean ≈ 800: 3 % long documents (6k–30k tokens, the tail to 32k), the rest
-        # lognormal chat turns with mean ≈ 270.
-        if rng.random() < 0.03:
-            user = rng.randint(6000, 30000)
-        else:
-            user = max(8, int(rng.lognormvariate(math.log(194), 0.8)))
-        user = min(user, max_prompt - len(system))
-        prompt = system + [rng.randrange(vocab) for _ in range(user)]
-        n_out = int(min(2048, max(16, rng.expovariate(1 / 400))))
-        priority = "interactive" if rng.random() < 0.7 else "batch"
-        if rate:
-            t += rng.expovariate(rate)
-        out.append(BenchRequest(prompt, n_out, priority, t))
-    return out
-
-
 def describe(requests: list[BenchRequest]) -> dict:
     ins = [len(r.prompt_ids) for r in requests]
     outs = [r.max_tokens for r in requests]
+    n = max(len(requests), 1)
     return {
         "num_requests": len(requests),
-        "mean_input": sum(ins) / len(ins),
-        "max_input": max(ins),
-        "mean_output": sum(outs) / len(outs),
-        "interactive_fraction": sum(r.priority == "interactive" for r in requests) / len(requests),
+        "mean_input": sum(ins) / n,
+        "max_input": max(ins, default=0),
+        "mean_output": sum(outs) / n,
+        "shared_fraction": sum(r.num_shared_tokens for r in requests) / max(sum(ins), 1),
+        "interactive_fraction": sum(r.priority == "interactive" for r in requests) / n,
+        "duration_s": max((r.arrival_s for r in requests), default=0.0),
     }

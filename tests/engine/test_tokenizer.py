@@ -305,12 +305,17 @@ def test_byte_tokenizer() -> None:
     assert tok.decode(chat, skip_special_tokens=False) == tok.apply_chat_template(
         [{"role": "user", "content": "hi"}]
     )
-    # Ids the byte vocabulary does not know (a random model samples anything) decode to nothing.
-    assert tok.decode([104, 128009, 127000, 105]) == "hi"
+    # Ids beyond the bytes (a random model samples anything) decode to one visible character
+    # each, so a preset streams text; specials (an EOS id here) are skipped.
+    visible = tok.decode([127000])
+    assert len(visible) == 1 and visible.isprintable()
+    assert tok.decode([104, 128009, 127000, 105]) == "h" + visible + "i"
+    assert tok.decode(list(range(256, 4096))).isprintable()
     assert tok.decode([128000, 104], skip_special_tokens=False) == BOS + "h"
     assert tok.decode([0xE6, 0x97]) == "\ufffd"
     assert tok.id_to_token(65) == "<0x41>" and tok.token_to_id("<0x41>") == 65
-    assert tok.id_to_token(127000) is None
+    assert tok.id_to_token(127000) == visible and tok.id_to_token(128009) is None
+    assert tok.id_to_token(tok.vocab_size) is None
 
 
 def test_imports_without_torch() -> None:

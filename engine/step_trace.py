@@ -1,0 +1,125 @@
+# One row per engine step, for benchmarks and the worker's own step timing: wall-clock phases,
+# GPU time between CUDA events, and the step's shape (tokens, decodes, running, waiting). Rows
+# live in preallocated numpy columns, so recording a step costs a few array stores, and a
+# bounded trace keeps only the newest `capacity` rows (a ring).
+#
+# GPU time: the runner records a start and an end event around each step's device work. The end
+# event of a plain step completes before the step's device-to-host copy returns, but a verify
+# step records it after, so events are resolved lazily (event.query()) on later records or on
+# read, never with a synchronisation on the step path.
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+# Written by the engine for every step (seconds, counts).
+ENGINE_FIELDS = (
+    "start",  # time.time() when the step began
+    "wall_s",  # the whole engine.step()
+    "schedule_s",  # scheduling (and drafting, when speculating)
+    "prepare_s",  # batch packing + host-to-device copies
+    "forward_s",  # launching the forward pass (graph replay or eager kernels)
+    "sample_s",  # sampling + the device-to-host copy (waits for the GPU)
+    "post_s",  # bookkeeping after the forward pass: new tokens, stops, detokenisation
+    "gpu_s",  # device time from the step's start event to its end event (NaN on the CPU)
+    "num_tokens",
+    "num_decodes",
+    "num_seqs",
+    "num_running",
+    "num_waiting",
+    "kv_usage",
+)
+
+
+class StepTrace:
+    def __init__(self, capacity: int = 1 << 18, extra_fields: tuple[str, ...] = ()) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be positive")
+        self.fields = ENGINE_FIELDS + tuple(f for f in extra_fields if f not in ENGINE_FIELDS)
+        self.capacity = capacity
+        self._cols = {f: np.full(capacity, math.nan) for f in self.fields}
+        self.num_recorded = 0  # rows ever recorded; row i lives at i % capacity
+        self._pending: deque[tuple[int, object, object]] = deque()  # (row, start, end) events
+
+    def record(self, **values: float) -> int:
+        """Store one step; fields left out stay NaN. Returns the row's sequence number."""
+        self._resolve()
+        i = self.num_recorded
+        slot = i % self.capacity
+        for name, col in self._cols.items():
+            col[slot] = values.get(name, math.nan)
+        self.num_recorded += 1
+        return i
+
+    def update(self, row: int, **values: float) -> None:
+        """Add fields to a recorded row (the worker's exchange times of the step), if kept."""
+        if self.num_recorded - row > self.capacity:
+            return
+        slot = row % self.capacity
+        for name, value in values.items():
+            self._cols[name][slot] = value
+
+    def row(self, i: int) -> np.ndarray:
+        """Row i's values in `fields` order (i must still be kept)."""
+        if not self.num_recorded - self.capacity <= i < self.num_recorded:
+            raise IndexError(f"row {i} is not kept")
+        slot = i % self.capacity
+        return np.array([col[slot] for col in self._cols.values()])
+
+    def attach_gpu_events(self, row: int, start: object, end: object) -> None:
+        self._pending.append((row, start, end))
+
+    def _resolve(self, wait: bool = False) -> None:
+        while self._pending:
+            row, start, end = self._pending[0]
+            if not wait and not end.query():
+                return
+            if wait:
+                end.synchronize()
+            self._pending.popleft()
+            self.update(row, gpu_s=start.elapsed_time(end) / 1e3)
+
+    def columns(self, since: float | None = None, until: float | None = None) -> dict:
+        """The kept rows in step order, optionally only steps that started in [since, until)."""
+        self._resolve(wait=True)
+        n = min(self.num_recorded, self.capacity)
+        first = self.num_recorded - n
+        order = (np.arange(first, self.num_recorded)) % self.capacity
+        cols = {name: col[order] for name, col in self._cols.items()}
+        keep = np.ones(n, dtype=bool)
+        if since is not None:
+            keep &= cols["start"] >= since
+        if until is not None:
+            keep &= cols["start"] < until
+        return {name: col[keep] for name, col in cols.items()}
+
+
+def summarize_steps(cols: dict) -> dict:
+    """Totals, means and percentiles of a trace window (the benchmark report's step section)."""
+    n = len(cols["start"])
+    if n == 0:
+        return {"steps": 0}
+    span = float(cols["start"][-1] + cols["wall_s"][-1] - cols["start"][0])
+    out: dict = {"steps": n, "span_s": span, "steps_per_s": n / span if span > 0 else math.nan}
+    for name, col in cols.items():
+        if name == "start":
+            continue
+        finite = col[np.isfinite(col)]
+        if finite.size == 0:
+            continue
+        unit = 1e3 if name.endswith("_s") else 1.0
+        key = name[:-2] + "_ms" if name.endswith("_s") else name
+        out[key] = {
+            "mean": float(finite.mean() * unit),
+            "p50": float(np.percentile(finite, 50) * unit),
+            "p95": float(np.percentile(finite, 95) * unit),
+            "max": float(finite.max() * unit),
+        }
+        if name.endswith("_s"):
+            out[key]["total_s"] = float(finite.sum())
+    if "gpu_s" in cols and span > 0:
+        gpu = cols["gpu_s"][np.isfinite(cols["gpu_s"])]
+        out["gpu_busy_fraction"] = float(gpu.sum() / span) if gpu.size else math.nan
+    return out

@@ -1,0 +1,134 @@
+# `fleetlm bench serve --launch`: a real `fleetlm serve` in a scratch data directory (embedded
+# Redis and Postgres, the API, one worker per GPU), with the workers' step traces switched on,
+# started and stopped by the benchmark so the bare engine can have the GPU afterwards.
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LaunchedServer:
+    def __init__(
+        self,
+        model: str | None,
+        *,
+        data_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+        ready_timeout_s: float = 600.0,
+        log_path: Path | None = None,
+        keep_logs: Path | None = None,
+    ) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="fleetlm-bench-")).resolve()
+        self.trace_dir = self.data_dir / "step-traces"
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.model = model
+        self.extra_env = env or {}
+        self.ready_timeout_s = ready_timeout_s
+        self.log_path = log_path or self.data_dir / "serve.log"
+        self.keep_logs = keep_logs  # copy serve.log and the step traces here on cleanup
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> LaunchedServer:
+        env = {
+            **os.environ,
+            "FLEETLM_DATA_DIR": str(self.data_dir),
+            "FLEETLM_PORT": str(self.port),
+            "FLEETLM_HOST": "127.0.0.1",
+            "FLEETLM_WORKER_STEP_TRACE_DIR": str(self.trace_dir),
+            **self.extra_env,
+        }
+        if self.model:
+            env["FLEETLM_MODEL"] = self.model
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetlm.cli", "serve"],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        url = self.base_url.removesuffix("/v1") + "/ready"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"fleetlm serve exited with {self.proc.returncode}; the end of "
+                    f"{self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200 and json.load(r).get("workers", 0) > 0:
+                        return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(
+            f"fleetlm serve not ready in {self.ready_timeout_s:.0f}s; the end of "
+            f"{self.log_path}:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, num_bytes: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-num_bytes:].decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    @property
+    def api_key(self) -> str:
+        return (self.data_dir / "demo-key").read_text().strip()
+
+    @property
+    def admin_key(self) -> str:
+        return (self.data_dir / "operator-key").read_text().strip()
+
+    def trace_files(self) -> list[Path]:
+        return sorted(self.trace_dir.glob("steps-*.f64"))
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self.keep_logs is not None:
+            self.keep_logs.mkdir(parents=True, exist_ok=True)
+            for path in [self.log_path, *self.trace_dir.glob("steps-*")]:
+                if path.exists():
+                    shutil.copy2(path, self.keep_logs / path.name)
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> LaunchedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
