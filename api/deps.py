@@ -8,8 +8,8 @@ from redis.asyncio import Redis
 
 from api.auth import forbidden
 from api.state import AppState
-from fleetlm.settings import Settings
 from metering.keys import Principal
+from service.settings import Settings
 
 
 def get_state(request: Request) -> AppState:

@@ -21,8 +21,8 @@ from api.metrics import ADMISSIONS, REJECTIONS
 from api.relay import relay_events
 from api.schemas.sampling import Usage
 from api.state import AppState
-from fleetlm.logging_setup import request_id_var
 from metering.keys import Principal
+from service.logging_setup import request_id_var
 from workers import protocol as p
 
 log = logging.getLogger("fleetlm.api")

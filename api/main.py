@@ -15,8 +15,8 @@ from api.routes import admin, batches, chat, completions, files, health, interna
 from api.schemas.models import ModelCard
 from api.state import AppState
 from engine.tokenizer import Tokenizer
-from fleetlm.settings import Settings
 from metering.db import make_engine, make_sessionmaker
+from service.settings import Settings
 
 
 def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI:

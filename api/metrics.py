@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 
 from api.deps import State
 from api.relay import live_workers
-from fleetlm.settings import Settings
+from service.settings import Settings
 from workers import protocol as p
 
 disable_created_metrics()

@@ -10,7 +10,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from fleetlm.settings import Settings
+from service.settings import Settings
 from workers import protocol as p
 
 

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import KeyVerifier
 from api.schemas.models import ModelCard
-from fleetlm.settings import Settings
+from service.settings import Settings
 
 
 @dataclass

@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetlm.embedded import resolve_urls
-    from fleetlm.settings import Settings
+    from service.embedded import resolve_urls
+    from service.settings import Settings
 
     settings = Settings()
     redis_url, database_url = resolve_urls(settings, args.data_dir)

@@ -106,9 +106,9 @@ def _wait_healthy(url: str, child: Child, timeout_s: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetlm.embedded import EmbeddedServices, child_env
     from fleetlm.migrate_cmd import upgrade
-    from fleetlm.settings import Settings
+    from service.embedded import EmbeddedServices, child_env
+    from service.settings import Settings
 
     overrides = {
         k: v

@@ -20,10 +20,10 @@ from api.prepare import prepare_chat, prepare_completion
 from api.schemas.chat import ChatCompletionRequest
 from api.schemas.completions import CompletionRequest
 from api.schemas.models import ModelCard
-from fleetlm.settings import Settings
 from metering.keys import Principal
 from metering.models import TenantLimit
 from metering.ratelimit import ClassLimit
+from service.settings import Settings
 from workers import protocol as p
 
 # KEYS: the queue, the request's marker. ARGV: queue limit, encoded request, marker TTL.

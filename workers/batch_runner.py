@@ -24,12 +24,12 @@ from sqlalchemy.orm import Session, sessionmaker, undefer
 from api.errors import event_error
 from api.schemas.models import ModelCard
 from api.schemas.sampling import Usage
-from fleetlm.settings import Settings
 from metering.batch_input import MalformedFile, parse_batch_file
 from metering.batch_models import Batch, BatchRequest, StoredFile
 from metering.batches import ACTIVE, FINAL, now
 from metering.files import create_file
 from metering.ratelimit import release_call
+from service.settings import Settings
 from workers import batch_admission as ba
 from workers import protocol as p
 

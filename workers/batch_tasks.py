@@ -9,8 +9,8 @@ from workers.celery_app import app
 
 @lru_cache(maxsize=1)
 def runner():
-    from fleetlm.settings import get_settings
     from metering.db import make_engine, make_sessionmaker
+    from service.settings import get_settings
     from workers.batch_runner import Runner
 
     settings = get_settings()

@@ -8,7 +8,7 @@ import os
 
 from celery import Celery
 
-from fleetlm.settings import get_settings
+from service.settings import get_settings
 
 app = Celery("fleetlm", include=["workers.batch_tasks"])
 

@@ -19,8 +19,8 @@ from typing import Any
 import redis
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from fleetlm.settings import Settings
 from metering.ratelimit import release_call
+from service.settings import Settings
 from workers import protocol as p
 from workers.metrics import WorkerMetrics
 from workers.usage import BusyMeter, usage_record

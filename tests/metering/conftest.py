@@ -11,11 +11,11 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from fleetlm.embedded import EmbeddedServices
 from fleetlm.migrate_cmd import upgrade
 from metering.db import make_engine, make_sessionmaker, transaction
 from metering.tenants import create_tenant
 from metering.writer import GROUP, STREAM, MeteringWriter
+from service.embedded import EmbeddedServices
 
 
 @pytest.fixture(scope="package")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from api.schemas.sampling import Usage
 from engine import SamplingParams
-from fleetlm.settings import Settings
+from service.settings import Settings
 from workers.gpu_worker import build_engine
 
 

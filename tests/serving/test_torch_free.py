@@ -10,7 +10,7 @@ from tests.serving.conftest import ROOT
 CHECK = """
 import sys
 import api.main, fleetlm.cli
-from fleetlm.settings import Settings
+from service.settings import Settings
 from engine.tokenizer import Tokenizer
 app = api.main.create_app(Settings(), "redis://127.0.0.1:1/0", "postgresql://u@127.0.0.1:1/db")
 Tokenizer.for_model("tiny").apply_chat_template([{"role": "user", "content": "hi"}])

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetlm.settings import Settings
+from service.settings import Settings
 
 SERVICES_FILE = "services.json"
 
