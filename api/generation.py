@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,34 +12,20 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from api.admission import enqueue, publish_cancel
 from api.drain import Drain
-from api.errors import APIError, event_error
-from api.limits import release, reserve
 from api.metrics import ADMISSIONS, REJECTIONS
 from api.relay import relay_events
-from api.schemas.sampling import Usage
 from api.state import AppState
 from metering.keys import Principal
+from service import streams as p
+from service.admission import enqueue, publish_cancel
+from service.errors import APIError, event_error
+from service.limits import release, reserve
 from service.logging_setup import request_id_var
-from workers import protocol as p
+from service.schemas.formatter import Formatter
+from service.schemas.sampling import Usage
 
 log = logging.getLogger("fleetlm.api")
-
-
-class Formatter:
-    """Endpoint-specific shapes: chat.completion(.chunk) or text_completion."""
-
-    first_chunk: dict[str, Any] | None = None  # sent before any token (the chat role delta)
-
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        raise NotImplementedError
 
 
 def sse(obj: dict[str, Any] | str) -> str:
@@ -166,7 +151,3 @@ async def _collect(
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
     usage = Usage.from_event(event["usage"])
     return JSONResponse(fmt.response(text, event["finish_reason"], usage), headers=headers)
-
-
-def created_now() -> int:
-    return int(time.time())

@@ -25,8 +25,8 @@ from redis.asyncio import Redis
 
 from api.deps import State
 from api.relay import live_workers
+from service import streams as p
 from service.settings import Settings
-from workers import protocol as p
 
 disable_created_metrics()
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from service import streams as p
 from service.settings import Settings
-from workers import protocol as p
 
 
 async def live_workers(redis: Redis) -> list[str]:

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     redis_url, database_url = resolve_urls(settings, args.data_dir)
     os.environ.update(REDIS_URL=redis_url, DATABASE_URL=database_url)
 
-    from workers.celery_app import app, configure
+    from service.celery_app import app, configure
 
     configure(redis_url)
     argv = [args.role, "--loglevel", "INFO"]

@@ -14,17 +14,17 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.errors import APIError
-from api.limits import release, reserve, reserved_tokens
-from api.prepare import prepare_chat, prepare_completion
-from api.schemas.chat import ChatCompletionRequest
-from api.schemas.completions import CompletionRequest
-from api.schemas.models import ModelCard
 from metering.keys import Principal
 from metering.models import TenantLimit
 from metering.ratelimit import ClassLimit
+from service import streams as p
+from service.errors import APIError
+from service.limits import release, reserve, reserved_tokens
+from service.prepare import prepare_chat, prepare_completion
+from service.schemas.chat import ChatCompletionRequest
+from service.schemas.completions import CompletionRequest
+from service.schemas.models import ModelCard
 from service.settings import Settings
-from workers import protocol as p
 
 # KEYS: the queue, the request's marker. ARGV: queue limit, encoded request, marker TTL.
 # Returns the entry id (the existing one when already enqueued), or false when the queue is full.
@@ -44,7 +44,7 @@ def enqueued_key(request_id: str) -> str:
 
 @dataclass
 class AdmissionState:
-    """What prepare_* and api.limits read from the API's AppState."""
+    """What prepare_* and service.limits read from the API's AppState."""
 
     settings: Settings
     redis: Redis

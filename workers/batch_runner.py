@@ -21,17 +21,17 @@ from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker, undefer
 
-from api.errors import event_error
-from api.schemas.models import ModelCard
-from api.schemas.sampling import Usage
 from metering.batch_input import MalformedFile, parse_batch_file
 from metering.batch_models import Batch, BatchRequest, StoredFile
 from metering.batches import ACTIVE, FINAL, now
 from metering.files import create_file
 from metering.ratelimit import release_call
+from service import streams as p
+from service.errors import event_error
+from service.schemas.models import ModelCard
+from service.schemas.sampling import Usage
 from service.settings import Settings
 from workers import batch_admission as ba
-from workers import protocol as p
 
 log = logging.getLogger("fleetlm.batches")
 

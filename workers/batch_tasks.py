@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from workers.celery_app import app
+from service.celery_app import app
 
 
 @lru_cache(maxsize=1)

@@ -20,8 +20,8 @@ import redis
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from metering.ratelimit import release_call
+from service import streams as p
 from service.settings import Settings
-from workers import protocol as p
 from workers.metrics import WorkerMetrics
 from workers.usage import BusyMeter, usage_record
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workers import protocol as p
+from service import streams as p
 
 
 def _ms(start: float | None, end: float | None) -> str:

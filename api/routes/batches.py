@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import CurrentPrincipal, State
-from api.errors import APIError, invalid_param
 from api.schemas.batches import BatchList, BatchObject, CreateBatch
 from metering import batches, files
 from metering.db import transaction
+from service.errors import APIError, invalid_param
 
 router = APIRouter(tags=["batches"])
 
@@ -21,7 +21,7 @@ def not_found(batch_id: str) -> APIError:
 
 
 def kick(batch_id: str, token: str | None) -> None:
-    from workers.celery_app import app
+    from service.celery_app import app
 
     app.send_task("fleetlm.batches.advance", args=[batch_id, token])
 

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Form, Query, UploadFile
 from fastapi.responses import Response
 
 from api.deps import CurrentPrincipal, State
-from api.errors import APIError, invalid_param
 from api.schemas.files import FileDeleted, FileList, FileObject
 from metering import files
 from metering.batch_input import MalformedFile, parse_batch_file
 from metering.db import transaction
+from service.errors import APIError, invalid_param
 
 router = APIRouter(tags=["files"])
 

@@ -11,10 +11,10 @@ from fastapi.responses import Response
 
 from api.auth import forbidden
 from api.deps import CurrentPrincipal, State
-from api.errors import APIError
 from api.schemas.usage import UsageQuery, UsageResponse
 from metering.reports import to_csv, usage_lines
 from metering.tenants import TenantError, tenant_by_name
+from service.errors import APIError
 
 router = APIRouter(tags=["usage"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from workers import protocol as p
+from service import streams as p
 
 
 def usage_fields(tenant_id: uuid.UUID, **over) -> dict[str, str]:

@@ -2,8 +2,8 @@
 # FLEETLM_SPECULATIVE_* settings, and draft counts reach the API's usage details.
 from __future__ import annotations
 
-from api.schemas.sampling import Usage
 from engine import SamplingParams
+from service.schemas.sampling import Usage
 from service.settings import Settings
 from workers.gpu_worker import build_engine
 

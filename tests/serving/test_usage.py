@@ -10,7 +10,7 @@ import uuid
 import httpx
 import pytest
 
-from workers import protocol as p
+from service import streams as p
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -27,7 +27,7 @@ class SamplingRequest(BaseModel):
     n: int = 1
     user: str | None = None
     metadata: dict[str, str] | None = None
-    service_tier: str | None = None  # "flex" → the batch class; anything else → interactive
+    service_tier: str | None = None  # "flex" → the batch priority; anything else → interactive
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: Any = None
@@ -86,6 +86,11 @@ class SamplingRequest(BaseModel):
         return "batch" if self.service_tier == "flex" else "interactive"
 
     @property
+    def response_service_tier(self) -> str:
+        """What a chat response reports: "flex" for the batch priority, else "default"."""
+        return "flex" if self.priority == "batch" else "default"
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -96,7 +101,7 @@ class SamplingRequest(BaseModel):
         """The engine's SamplingParams fields, as sent to the worker."""
         max_tokens = self.effective_max_tokens()
         if max_tokens is not None and self.min_tokens > max_tokens:
-            from api.errors import invalid_param
+            from service.errors import invalid_param
 
             raise invalid_param("min_tokens", "min_tokens must not exceed max_tokens")
         return {

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
-from api.errors import APIError
-from api.state import AppState
 from metering import ratelimit as rl
 from metering.keys import Principal
-from workers import protocol as p
+from service import streams as p
+from service.context import AdmissionContext
+from service.errors import APIError
 
 
 def _duration(ms: int) -> str:
@@ -32,7 +32,7 @@ def _headers(limit: rl.ClassLimit, d: rl.Decision) -> dict[str, str]:
     return headers
 
 
-def reserved_tokens(state: AppState, queued: p.QueuedRequest) -> int:
+def reserved_tokens(state: AdmissionContext, queued: p.QueuedRequest) -> int:
     num_prompt = len(queued.prompt_token_ids)
     max_tokens = queued.sampling.get("max_tokens")
     if max_tokens is None:  # up to the context limit
@@ -40,7 +40,9 @@ def reserved_tokens(state: AppState, queued: p.QueuedRequest) -> int:
     return num_prompt + max_tokens
 
 
-async def reserve(state: AppState, principal: Principal, queued: p.QueuedRequest) -> dict[str, str]:
+async def reserve(
+    state: AdmissionContext, principal: Principal, queued: p.QueuedRequest
+) -> dict[str, str]:
     """Admits or raises 429; on admission records the reservation on `queued.extra`."""
     limit = principal.limit(queued.priority)
     tokens = reserved_tokens(state, queued)
@@ -80,7 +82,7 @@ async def reserve(state: AppState, principal: Principal, queued: p.QueuedRequest
     raise APIError(429, message, type=d.exceeded, code="rate_limit_exceeded", headers=headers)
 
 
-async def release(state: AppState, queued: p.QueuedRequest, used_tokens: int = 0) -> None:
+async def release(state: AdmissionContext, queued: p.QueuedRequest, used_tokens: int = 0) -> None:
     reservation = queued.extra.get("reservation")
     if reservation is not None:
         await state.redis.eval(

@@ -1,9 +1,12 @@
-# /v1/completions request shape (responses are built in routes/completions.py).
+# /v1/completions: the request and the response shapes (text_completion).
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import field_validator
 
-from api.schemas.sampling import SamplingRequest
+from service.schemas.formatter import Formatter, created_now
+from service.schemas.sampling import SamplingRequest, Usage
 
 
 class CompletionRequest(SamplingRequest):
@@ -44,3 +47,24 @@ class CompletionRequest(SamplingRequest):
         if v not in (None, 1):
             raise ValueError("only best_of=1 is supported")
         return v
+
+
+class CompletionFormatter(Formatter):
+    def __init__(self, request_id: str, model: str) -> None:
+        self.base = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created_now(),
+            "model": model,
+            "system_fingerprint": None,
+        }
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return self.base | {"choices": [choice]}
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return self.base | {"choices": [], "usage": usage.model_dump()}
+
+    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        return self.chunk(text, finish_reason) | {"usage": usage.model_dump()}
