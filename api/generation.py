@@ -17,11 +17,12 @@ from api.metrics import ADMISSIONS, REJECTIONS
 from api.relay import relay_events
 from api.state import AppState
 from metering.keys import Principal
-from service import streams as p
 from service.admission import enqueue, publish_cancel
 from service.errors import APIError, event_error
+from service.events import FINAL_EVENTS
 from service.limits import release, reserve
 from service.logging_setup import request_id_var
+from service.queued_request import QueuedRequest
 from service.schemas.formatter import Formatter
 from service.schemas.sampling import Usage
 
@@ -36,7 +37,7 @@ def sse(obj: dict[str, Any] | str) -> str:
 async def generate(
     request: Request,
     state: AppState,
-    queued: p.QueuedRequest,
+    queued: QueuedRequest,
     fmt: Formatter,
     *,
     stream: bool,
@@ -106,7 +107,7 @@ async def _stream(
             last = fmt.chunk(text, event["finish_reason"])
             yield sse(last | ({"usage": None} if include_usage else {}))
             if include_usage:
-                yield sse(fmt.usage_chunk(Usage.from_event(event["usage"])))
+                yield sse(fmt.usage_chunk(Usage.from_counts(event["usage"])))
         yield sse("[DONE]")
     finally:
         drain.closed()
@@ -129,7 +130,7 @@ async def _collect(
             parts.append(event.get("text", ""))
             if event.get("code") == "no_workers":  # still queued: whoever picks it up drops it
                 await publish_cancel(state.redis, state, request_id)
-            if event["type"] in p.FINAL_EVENTS:
+            if event["type"] in FINAL_EVENTS:
                 return "".join(parts), event
         raise AssertionError("relay ended without a final event")
 
@@ -149,5 +150,5 @@ async def _collect(
     if event["type"] == "error":
         err = event_error(event)
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
-    usage = Usage.from_event(event["usage"])
+    usage = Usage.from_counts(event["usage"])
     return JSONResponse(fmt.response(text, event["finish_reason"], usage), headers=headers)

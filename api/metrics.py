@@ -1,4 +1,4 @@
-# GET /metrics: this API process's series, the fleet's Redis-side state (queue depth per class,
+# GET /metrics: this API process's series, the fleet's Redis-side state (queue depth per priority,
 # metering lag, worker heartbeats) read at scrape time, and every live worker's own series (the
 # snapshot each ships to fleetlm:worker:{id}:metrics) relabelled with worker="<id>", so one
 # scrape target serves a small deployment. Large ones scrape workers directly
@@ -87,12 +87,12 @@ async def _fleet_families(
 
     depth = GaugeMetricFamily(
         "fleetlm:queue_depth",
-        "Requests queued and not yet picked up by a worker, per class.",
+        "Requests queued and not yet picked up by a worker, per priority.",
         labels=["priority"],
     )
     running = GaugeMetricFamily(
         "fleetlm:queue_in_progress",
-        "Requests a worker has taken from the queue and not finished, per class.",
+        "Requests a worker has taken from the queue and not finished, per priority.",
         labels=["priority"],
     )
     for i, priority in enumerate(p.PRIORITY_CLASSES):

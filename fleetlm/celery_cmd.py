@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 
@@ -22,13 +21,16 @@ def run(args: argparse.Namespace) -> int:
 
     settings = Settings()
     redis_url, database_url = resolve_urls(settings, args.data_dir)
-    os.environ.update(REDIS_URL=redis_url, DATABASE_URL=database_url)
+    settings = settings.model_copy(update={"redis_url": redis_url, "database_url": database_url})
 
     from service.celery_app import app, configure
 
-    configure(redis_url)
+    configure(settings, redis_url)
     argv = [args.role, "--loglevel", "INFO"]
     if args.role == "worker":
+        from workers import batch_tasks  # registers the tasks on the app
+
+        batch_tasks.bind(settings)
         # solo: one process, so a kill takes exactly the task it ran (acks_late redelivers it)
         pool = "solo" if args.concurrency == 1 else "prefork"
         argv += ["--pool", pool, "--concurrency", str(args.concurrency), "-Q", "fleetlm"]

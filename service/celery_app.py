@@ -2,19 +2,21 @@
 # Redis; tasks are long-lived in effect (a pump re-schedules itself), so each message is acked only
 # after it ran (acks_late) and a worker reserves one at a time (prefetch 1). A message of a killed
 # worker is redelivered after the visibility timeout; the beat sweep re-arms a silent batch sooner.
+# The API sends tasks by name; the tasks themselves are workers/batch_tasks.py, which the Celery
+# worker process imports.
 from __future__ import annotations
-
-import os
 
 from celery import Celery
 
-from service.settings import get_settings
+from service.settings import Settings
 
-app = Celery("fleetlm", include=["workers.batch_tasks"])
+ADVANCE_TASK = "fleetlm.batches.advance"  # (batch_id, pump token): one pump of a batch
+SWEEP_TASK = "fleetlm.batches.sweep"  # beat: re-arm silent pumps
+
+app = Celery("fleetlm")
 
 
-def configure(redis_url: str | None) -> Celery:
-    settings = get_settings()
+def configure(settings: Settings, redis_url: str) -> Celery:
     app.conf.update(
         broker_url=redis_url,
         broker_connection_retry_on_startup=True,
@@ -25,11 +27,10 @@ def configure(redis_url: str | None) -> Celery:
         task_ignore_result=True,
         task_default_queue="fleetlm",
         worker_hijack_root_logger=False,
-        beat_schedule={
-            "sweep-batches": {"task": "fleetlm.batches.sweep", "schedule": settings.batch_sweep_s}
-        },
+        beat_schedule={"sweep-batches": {"task": SWEEP_TASK, "schedule": settings.batch_sweep_s}},
     )
     return app
 
 
-configure(os.environ.get("REDIS_URL"))
+def send_advance(batch_id: str, token: str | None) -> None:
+    app.send_task(ADVANCE_TASK, args=[batch_id, token])

@@ -1,5 +1,5 @@
 # Tenant limits at admission: one Lua script reserves a concurrency slot and prompt + max_tokens
-# tokens for the tenant's class (metering/ratelimit.py); over a limit → 429 with Retry-After and
+# tokens for the request's priority (metering/ratelimit.py); over a limit → 429 with Retry-After and
 # x-ratelimit-* headers. The reservation rides on the queued request, and whoever ends the
 # request (the worker's finish, or the API when the enqueue itself fails) releases it.
 from __future__ import annotations
@@ -8,16 +8,16 @@ import math
 
 from metering import ratelimit as rl
 from metering.keys import Principal
-from service import streams as p
 from service.context import AdmissionContext
 from service.errors import APIError
+from service.queued_request import QueuedRequest
 
 
 def _duration(ms: int) -> str:
     return f"{max(ms, 0) / 1000:.3f}s"
 
 
-def _headers(limit: rl.ClassLimit, d: rl.Decision) -> dict[str, str]:
+def _headers(limit: rl.PriorityLimit, d: rl.Decision) -> dict[str, str]:
     headers: dict[str, str] = {}
     if limit.max_concurrency is not None:
         headers["x-ratelimit-limit-requests"] = str(limit.max_concurrency)
@@ -32,18 +32,18 @@ def _headers(limit: rl.ClassLimit, d: rl.Decision) -> dict[str, str]:
     return headers
 
 
-def reserved_tokens(state: AdmissionContext, queued: p.QueuedRequest) -> int:
+def reserved_tokens(state: AdmissionContext, queued: QueuedRequest) -> int:
     num_prompt = len(queued.prompt_token_ids)
-    max_tokens = queued.sampling.get("max_tokens")
+    max_tokens = queued.sampling.max_tokens
     if max_tokens is None:  # up to the context limit
         max_tokens = state.model_card.max_model_len - num_prompt
     return num_prompt + max_tokens
 
 
 async def reserve(
-    state: AdmissionContext, principal: Principal, queued: p.QueuedRequest
+    state: AdmissionContext, principal: Principal, queued: QueuedRequest
 ) -> dict[str, str]:
-    """Admits or raises 429; on admission records the reservation on `queued.extra`."""
+    """Admits or raises 429; on admission records the reservation on `queued`."""
     limit = principal.limit(queued.priority)
     tokens = reserved_tokens(state, queued)
     raw = await state.redis.eval(
@@ -56,25 +56,25 @@ async def reserve(
     d = rl.decision(raw)
     headers = _headers(limit, d)
     if d.admitted:
-        queued.extra["reservation"] = {"window": d.window, "tokens": tokens}
+        queued.reservation = rl.Reservation(d.window, tokens)
         return headers
     if d.exceeded == "tokens":
         tpm = limit.tokens_per_minute
         if tokens > (tpm or 0):
             message = (
-                f"Request too large for the {queued.priority} class: it needs {tokens} tokens "
+                f"Request too large for the {queued.priority} priority: it needs {tokens} tokens "
                 f"(prompt + max_tokens), the limit is {tpm} tokens per minute. "
                 "Lower max_tokens or the prompt."
             )
         else:
             message = (
-                f"Rate limit reached for the {queued.priority} class: tokens per minute "
+                f"Rate limit reached for the {queued.priority} priority: tokens per minute "
                 f"(limit {tpm}, used {d.tokens_used}, requested {tokens})."
             )
         retry_after = math.ceil(d.reset_ms / 1000)
     else:
         message = (
-            f"Rate limit reached for the {queued.priority} class: concurrent requests "
+            f"Rate limit reached for the {queued.priority} priority: concurrent requests "
             f"(limit {limit.max_concurrency}, running {d.running})."
         )
         retry_after = 1
@@ -82,11 +82,14 @@ async def reserve(
     raise APIError(429, message, type=d.exceeded, code="rate_limit_exceeded", headers=headers)
 
 
-async def release(state: AdmissionContext, queued: p.QueuedRequest, used_tokens: int = 0) -> None:
-    reservation = queued.extra.get("reservation")
-    if reservation is not None:
+async def release(state: AdmissionContext, queued: QueuedRequest, used_tokens: int = 0) -> None:
+    if queued.reservation is not None:
         await state.redis.eval(
             *rl.release_call(
-                queued.tenant_id, queued.priority, queued.request_id, reservation, used_tokens
+                queued.tenant_id,
+                queued.priority,
+                queued.request_id,
+                queued.reservation,
+                used_tokens,
             )
         )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from metering.keys import Principal
-from service import streams as p
 from service.context import AdmissionContext
 from service.errors import APIError, invalid_param
+from service.queued_request import Endpoint, QueuedRequest
 from service.schemas.chat import ChatCompletionRequest
 from service.schemas.completions import CompletionRequest
 from service.schemas.sampling import SamplingRequest
@@ -42,10 +42,10 @@ def build_request(
     request_id: str,
     body: SamplingRequest,
     principal: Principal,
-    endpoint: str,
+    endpoint: Endpoint,
     prompt_token_ids: list[int],
-) -> p.QueuedRequest:
-    return p.QueuedRequest(
+) -> QueuedRequest:
+    return QueuedRequest(
         request_id=request_id,
         tenant_id=str(principal.tenant_id),
         key_id=str(principal.key_id),
@@ -53,14 +53,14 @@ def build_request(
         endpoint=endpoint,
         priority=body.priority,
         prompt_token_ids=prompt_token_ids,
-        sampling=body.sampling_params(),
+        sampling=body.sampling(),
         enqueued_at=time.time(),
     )
 
 
 def prepare_chat(
     state: AdmissionContext, body: ChatCompletionRequest, principal: Principal, request_id: str
-) -> p.QueuedRequest:
+) -> QueuedRequest:
     check_model(state, body.model)
     try:
         prompt = state.tokenizer.apply_chat_template(
@@ -74,7 +74,7 @@ def prepare_chat(
 
 def prepare_completion(
     state: AdmissionContext, body: CompletionRequest, principal: Principal, request_id: str
-) -> p.QueuedRequest:
+) -> QueuedRequest:
     check_model(state, body.model)
     if isinstance(body.prompt, str):
         prompt = state.tokenizer.encode(body.prompt)

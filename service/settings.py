@@ -2,12 +2,16 @@
 # Every variable is FLEETLM_<FIELD> except the two connection URLs, which keep their usual names.
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 # The small chat model that ships in the repository (models/, see docs/default-model.md); an
 # installation without it falls back to the random-weight `tiny` preset.
@@ -36,7 +40,7 @@ class Settings(BaseSettings):
     # -- API -------------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000
-    max_queue_len: int = 1024  # per class: requests queued or running before 503
+    max_queue_len: int = 1024  # per priority: requests queued or running before 503
     queue_retry_after_s: int = 1
     output_ttl_s: int = 300  # output streams expire this long after their last event
     redis_max_connections: int = 4096  # per API process; each open request holds one
@@ -108,6 +112,15 @@ class Settings(BaseSettings):
         if self.num_kv_blocks is not None:
             limit = min(limit, self.num_kv_blocks * self.block_size)
         return limit
+
+    def engine_config(self) -> EngineConfig:
+        """A worker's engine: every EngineConfig knob these settings name (FLEETLM_<knob>),
+        with the context the API admits against."""
+        from engine.config import EngineConfig  # torch-free
+
+        knobs = {f.name for f in fields(EngineConfig)} & set(type(self).model_fields)
+        values = {name: getattr(self, name) for name in knobs}
+        return EngineConfig(**values | {"max_model_len": self.resolved_max_model_len()})
 
     @property
     def liveness_bound_s(self) -> float:

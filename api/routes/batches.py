@@ -11,6 +11,7 @@ from api.deps import CurrentPrincipal, State
 from api.schemas.batches import BatchList, BatchObject, CreateBatch
 from metering import batches, files
 from metering.db import transaction
+from service.celery_app import send_advance
 from service.errors import APIError, invalid_param
 
 router = APIRouter(tags=["batches"])
@@ -18,12 +19,6 @@ router = APIRouter(tags=["batches"])
 
 def not_found(batch_id: str) -> APIError:
     return APIError(404, f"No such Batch object: {batch_id}", param="id", code="batch_not_found")
-
-
-def kick(batch_id: str, token: str | None) -> None:
-    from service.celery_app import app
-
-    app.send_task("fleetlm.batches.advance", args=[batch_id, token])
 
 
 @router.post("/v1/batches")
@@ -48,7 +43,7 @@ async def create_batch(body: CreateBatch, state: State, principal: CurrentPrinci
                 completion_window=body.completion_window,
                 metadata=body.metadata,
             )
-        kick(batch.id, batch.pump_token)  # after the commit: the pump must find the row
+        send_advance(batch.id, batch.pump_token)  # after the commit: the pump must find the row
         return BatchObject.of(batch)
 
     return await asyncio.to_thread(create)

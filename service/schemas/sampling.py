@@ -6,6 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from metering.records import UsageCounts
+from service.errors import invalid_param
+from service.queued_request import Priority, Sampling
+
 MAX_STOP = 4
 
 
@@ -82,7 +86,7 @@ class SamplingRequest(BaseModel):
         return self
 
     @property
-    def priority(self) -> str:
+    def priority(self) -> Priority:
         return "batch" if self.service_tier == "flex" else "interactive"
 
     @property
@@ -97,24 +101,22 @@ class SamplingRequest(BaseModel):
     def effective_max_tokens(self) -> int | None:
         return self.max_tokens
 
-    def sampling_params(self) -> dict[str, Any]:
-        """The engine's SamplingParams fields, as sent to the worker."""
+    def sampling(self) -> Sampling:
+        """The engine's sampling fields, as sent to the worker."""
         max_tokens = self.effective_max_tokens()
         if max_tokens is not None and self.min_tokens > max_tokens:
-            from service.errors import invalid_param
-
             raise invalid_param("min_tokens", "min_tokens must not exceed max_tokens")
-        return {
-            "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
-            "top_k": self.top_k or 0,
-            "seed": self.seed,
-            "max_tokens": max_tokens,
-            "min_tokens": self.min_tokens,
-            "stop": list(self.stop or []),
-            "stop_token_ids": list(self.stop_token_ids or []),
-            "ignore_eos": self.ignore_eos,
-        }
+        return Sampling(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=list(self.stop or []),
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+        )
 
 
 class PromptTokensDetails(BaseModel):
@@ -137,17 +139,16 @@ class Usage(BaseModel):
     completion_tokens_details: CompletionTokensDetails
 
     @classmethod
-    def from_event(cls, usage: dict[str, Any]) -> Usage:
-        prompt = int(usage.get("prompt_tokens", 0))
-        completion = int(usage.get("completion_tokens", 0))
-        accepted = int(usage.get("spec_accepted_tokens", 0))
+    def from_counts(cls, counts: UsageCounts) -> Usage:
+        prompt, completion = counts["prompt_tokens"], counts["completion_tokens"]
+        accepted = counts["spec_accepted_tokens"]
         return cls(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=prompt + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.get("cached_tokens", 0)),
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=counts["cached_tokens"]),
             completion_tokens_details=CompletionTokensDetails(
                 accepted_prediction_tokens=accepted,
-                rejected_prediction_tokens=int(usage.get("spec_proposed_tokens", 0)) - accepted,
+                rejected_prediction_tokens=counts["spec_proposed_tokens"] - accepted,
             ),
         )

@@ -13,8 +13,9 @@ from sqlalchemy import text
 
 from fleetlm.migrate_cmd import upgrade
 from metering.db import make_engine, make_sessionmaker, transaction
+from metering.records import METERING_STREAM
 from metering.tenants import create_tenant
-from metering.writer import GROUP, STREAM, MeteringWriter
+from metering.writer import GROUP, MeteringWriter
 from service.embedded import EmbeddedServices
 
 
@@ -44,7 +45,7 @@ def db(services):
 def clean(services, db):
     """Each test starts with an empty stream and empty usage tables."""
     r = redis.Redis.from_url(services.redis_url, decode_responses=True)
-    r.delete(STREAM, "fleetlm:metering:dead")
+    r.delete(METERING_STREAM, f"{METERING_STREAM}:dead")
     with transaction(db) as s:
         s.execute(text("TRUNCATE usage_records, usage_daily, worker_busy, prices"))
     yield r
@@ -73,4 +74,4 @@ def drain(w: MeteringWriter, max_steps: int = 50) -> None:
     raise AssertionError("the writer did not drain the stream")
 
 
-__all__ = ["GROUP", "STREAM", "drain"]
+__all__ = ["GROUP", "drain"]

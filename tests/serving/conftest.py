@@ -16,6 +16,8 @@ import httpx
 import pytest
 import redis
 
+from metering.records import METERING_STREAM, RequestRecord, decode_record
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "fleetlm.cli"]
 
@@ -143,14 +145,14 @@ class Server:
         r.raise_for_status()
         return r.json()["workers"]
 
-    def usage_record(self, request_id: str, timeout_s: float = 15.0) -> dict:
-        client = self.redis
+    def usage_records(self) -> list[RequestRecord]:
+        """Every request's record on the metering stream, decoded (busy records left out)."""
+        records = [decode_record(f) for _, f in self.redis.xrange(METERING_STREAM)]
+        return [r for r in records if isinstance(r, RequestRecord)]
 
+    def usage_record(self, request_id: str, timeout_s: float = 15.0) -> RequestRecord:
         def find():
-            for _, fields in client.xrange("fleetlm:metering"):
-                if fields.get("request_id") == request_id:  # busy records have none
-                    return fields
-            return None
+            return next((r for r in self.usage_records() if r.request_id == request_id), None)
 
         return wait_until(find, timeout_s, f"the usage record of {request_id}", 0.1)
 

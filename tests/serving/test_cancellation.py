@@ -48,15 +48,15 @@ def test_stream_disconnect_frees_blocks_within_one_step(server):
     assert after["step"] - after["last_cancel_step"] <= 1
     assert after["num_running"] == 0 and after["num_waiting"] == 0
     record = server.usage_record(chunks[0].id)
-    assert record["status"] == "cancelled"
-    assert record["finish_reason"] == "abort"
-    assert 1 <= int(record["completion_tokens"]) < 3000
+    assert record.status == "cancelled"
+    assert record.finish_reason == "abort"
+    assert 1 <= record.counts["completion_tokens"] < 3000
 
 
 def test_non_stream_disconnect_cancels(server):
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 3000}
     headers = {"Authorization": f"Bearer {server.key}"}
-    before = {f.get("request_id") for _, f in server.redis.xrange("fleetlm:metering")}
+    before = {r.request_id for r in server.usage_records()}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             server.base_url + "/v1/chat/completions",
@@ -66,13 +66,13 @@ def test_non_stream_disconnect_cancels(server):
         )
 
     def cancelled_record():
-        for _, f in server.redis.xrange("fleetlm:metering"):
-            if f.get("request_id") not in before and f.get("status") == "cancelled":
-                return f
+        for r in server.usage_records():
+            if r.request_id not in before and r.status == "cancelled":
+                return r
         return None
 
     record = wait_until(cancelled_record, 10, "a cancelled usage record")
-    assert int(record["completion_tokens"]) < 3000
+    assert record.counts["completion_tokens"] < 3000
     w = wait_until(
         lambda: (w := the_worker(server))["num_free_blocks"] == w["num_total_blocks"] and w,
         10,

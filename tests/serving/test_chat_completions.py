@@ -126,12 +126,11 @@ def test_flex_tier_runs_in_the_batch_class(server):
         model="tiny", messages=MESSAGES, max_tokens=2, service_tier="flex"
     )
     record = server.usage_record(out.id)
-    assert record["priority"] == "batch"
-    assert record["status"] == "length" and record["finish_reason"] == "length"
-    assert record["endpoint"] == "chat.completions" and record["model"] == "tiny"
-    assert int(record["completion_tokens"]) == 2
-    assert int(record["prompt_tokens"]) == out.usage.prompt_tokens
-    queue, ttft, e2e = (float(record[k]) for k in ("queue_ms", "ttft_ms", "e2e_ms"))
-    assert 0 <= queue <= ttft <= e2e
-    assert float(record["tpot_ms"]) > 0
-    assert record["worker_id"] == server.workers_stats()[0]["id"]
+    assert record.priority == "batch"
+    assert record.status == "length" and record.finish_reason == "length"
+    assert record.endpoint == "chat.completions" and record.model == "tiny"
+    assert record.counts["completion_tokens"] == 2
+    assert record.counts["prompt_tokens"] == out.usage.prompt_tokens
+    assert 0 <= record.queue_ms <= record.ttft_ms <= record.e2e_ms
+    assert record.tpot_ms > 0
+    assert record.worker_id == server.workers_stats()[0]["id"]

@@ -123,8 +123,8 @@ def test_tokens_per_minute_reserve_then_refund(server):
             if line.startswith("data: {"):
                 break
     record = server.usage_record(big_id)
-    assert record["status"] == "cancelled"
-    used_big = 10 + int(record["completion_tokens"])
+    assert record.status == "cancelled"
+    used_big = 10 + record.counts["completion_tokens"]
     # the unused part of the reservation came back exactly once
     wait_until(lambda: tokens_used(server, name) == used_big, 10, "the refund")
     ok = post(server, key, "/v1/completions", {"prompt": PROMPT, "max_tokens": 100})
@@ -178,7 +178,7 @@ def test_token_window_slides_over_the_minute_boundary(server):
     r.set(f"{prefix}:{minute - 1}", 10_000)  # ten times the limit, all in the previous minute
 
     def reserve(tokens: int, request_id: str) -> rl.Decision:
-        args = rl.reserve_args(rl.ClassLimit(tokens_per_minute=1000), request_id, tokens, 60)
+        args = rl.reserve_args(rl.PriorityLimit(tokens_per_minute=1000), request_id, tokens, 60)
         return rl.decision(r.eval(rl.RESERVE_SCRIPT, 2, running, prefix, *args))
 
     elapsed = time.time() % 60

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine import SamplingParams
+from metering.records import usage_counts
 from service.schemas.sampling import Usage
 from service.settings import Settings
 from workers.gpu_worker import build_engine
@@ -25,13 +26,13 @@ def test_worker_engine_speculates_when_configured():
 
 
 def test_usage_details_report_accepted_and_rejected_drafts():
-    usage = Usage.from_event(
-        {"prompt_tokens": 20, "cached_tokens": 16, "completion_tokens": 12,
-         "spec_proposed_tokens": 10, "spec_accepted_tokens": 7}
+    usage = Usage.from_counts(
+        usage_counts({"prompt_tokens": 20, "cached_tokens": 16, "completion_tokens": 12,
+                      "spec_proposed_tokens": 10, "spec_accepted_tokens": 7})
     )  # fmt: skip
     details = usage.completion_tokens_details
     assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (7, 3)
     assert usage.total_tokens == 32 and usage.prompt_tokens_details.cached_tokens == 16
-    plain = Usage.from_event({"prompt_tokens": 3, "completion_tokens": 2})
+    plain = Usage.from_counts(usage_counts({"prompt_tokens": 3, "completion_tokens": 2}))
     assert plain.completion_tokens_details.accepted_prediction_tokens == 0
     assert plain.completion_tokens_details.rejected_prediction_tokens == 0

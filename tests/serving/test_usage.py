@@ -10,7 +10,9 @@ import uuid
 import httpx
 import pytest
 
+from metering.records import METERING_STREAM, encode_record
 from service import streams as p
+from service.queued_request import QueuedRequest, Sampling
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,10 +46,10 @@ def test_one_row_per_request_completed_cancelled_failed(server):
     )
     cancelled = next(iter(stream)).id
     stream.close()
-    # a request the worker rejects (bad sampling parameters) ends as failed
+    # a request the worker rejects (a sampling parameter out of range) ends as failed
     (tenant_id,) = server.query("SELECT id FROM tenants WHERE name = 'demo'")[0]
     failed = f"cmpl-{uuid.uuid4().hex}"
-    bad = p.QueuedRequest(
+    bad = QueuedRequest(
         request_id=failed,
         tenant_id=str(tenant_id),
         key_id=str(uuid.uuid4()),
@@ -55,7 +57,7 @@ def test_one_row_per_request_completed_cancelled_failed(server):
         endpoint="completions",
         priority="interactive",
         prompt_token_ids=PROMPT,
-        sampling={"no_such_parameter": 1},
+        sampling=Sampling(temperature=-1.0),
         enqueued_at=time.time(),
     )
     server.redis.xadd(p.queue_key("interactive"), {"r": bad.encode()})
@@ -65,7 +67,7 @@ def test_one_row_per_request_completed_cancelled_failed(server):
     assert status == {done: "length", cancelled: "cancelled", failed: "failed"}  # max_tokens=3
     # a redelivered record (re-XADDed) does not make a second row
     record = server.usage_record(done)
-    server.redis.xadd(p.METERING_STREAM, record)
+    server.redis.xadd(METERING_STREAM, encode_record(record))
     complete(server, server.key)  # something after it, so we know the writer went past it
     time.sleep(1.0)
     assert len(server.query("SELECT 1 FROM usage_records WHERE request_id = :r", r=done)) == 1
@@ -101,10 +103,10 @@ def test_usage_is_per_tenant_and_matches_raw_rows(server):
     tenants = get(server, server.admin_key, "/v1/admin/tenants").json()["data"]
     assert {a, b} <= {t["tenant"] for t in tenants}
 
-    csv = get(server, key_a, "/v1/usage", format="csv", group_by="class")
+    csv = get(server, key_a, "/v1/usage", format="csv", group_by="priority")
     assert csv.headers["content-type"].startswith("text/csv")
     header, row = csv.text.strip().splitlines()
-    assert header.startswith("class,requests,") and row.startswith("interactive,2,")
+    assert header.startswith("priority,requests,") and row.startswith("interactive,2,")
 
     report = json.loads(server.cli("usage", "--tenant", a, "--json", "--group-by", "model"))
     assert [(x["model"], x["requests"]) for x in report["lines"]] == [("tiny", 2)]

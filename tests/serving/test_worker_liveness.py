@@ -102,8 +102,8 @@ def test_two_workers_drain_one_queue(qserver):
         t.join(timeout=60)
     assert all(isinstance(r, openai.types.chat.ChatCompletion) for r in results), results
     records = [qserver.usage_record(r.id) for r in results]
-    assert {rec["status"] for rec in records} == {"length"}
-    assert len({rec["worker_id"] for rec in records}) == 2, "both workers should have served"
+    assert {rec.status for rec in records} == {"length"}
+    assert len({rec.worker_id for rec in records}) == 2, "both workers should have served"
     stop_workers(qserver)
 
 
@@ -148,8 +148,8 @@ def test_sigkill_mid_stream_errors_and_queued_requests_survive(qserver):
     for r in results:
         assert r.choices[0].finish_reason == "length"
         record = qserver.usage_record(r.id)
-        assert record["worker_id"] != victim_id and record["status"] == "length"
+        assert record.worker_id != victim_id and record.status == "length"
     failed = qserver.usage_record(stream_id)
-    assert failed["status"] == "failed" and failed["worker_id"] != victim_id
-    assert int(failed["completion_tokens"]) >= 3
+    assert failed.status == "failed" and failed.worker_id != victim_id
+    assert failed.counts["completion_tokens"] >= 3
     stop_workers(qserver)
