@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -121,7 +120,3 @@ def resolve_urls(settings: Settings, data_dir: Path | None = None) -> tuple[str,
         )
     found = json.loads(services.read_text())
     return redis_url or found["redis_url"], database_url or found["database_url"]
-
-
-def child_env(redis_url: str, database_url: str) -> dict[str, str]:
-    return {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url}
