@@ -17,7 +17,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
+
+Priority = Literal["interactive", "batch"]  # service_tier "flex" at the HTTP edge is batch
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)  # the order workers read the queues in
 
 WINDOW_S = 60
 UNLIMITED = -1

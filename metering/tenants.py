@@ -11,8 +11,7 @@ from sqlalchemy.orm import Session
 
 from metering.keys import create_api_key
 from metering.models import ApiKey, Tenant, TenantLimit
-
-PRIORITIES = ("interactive", "batch")
+from metering.ratelimit import PRIORITIES
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from metering.ratelimit import Reservation
+from metering.ratelimit import Priority, Reservation
 
-Priority = Literal["interactive", "batch"]
 Endpoint = Literal["chat.completions", "completions"]
 
 

@@ -16,10 +16,10 @@
 # Tenant limits keep their own keys beside their scripts (metering/ratelimit.py).
 from __future__ import annotations
 
+from metering.ratelimit import PRIORITIES as PRIORITIES
+from metering.ratelimit import Priority
 from metering.records import METERING_STREAM as METERING_STREAM
-from service.queued_request import Priority
 
-PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")  # the order workers read them in
 GROUP = "workers"
 WORKERS_SET = "fleetlm:workers"
 

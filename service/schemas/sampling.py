@@ -6,9 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from metering.ratelimit import Priority
 from metering.records import UsageCounts
 from service.errors import invalid_param
-from service.queued_request import Priority, Sampling
+from service.queued_request import Sampling
 
 MAX_STOP = 4
 
