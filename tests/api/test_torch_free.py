@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.serving.conftest import ROOT
+ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = """
 import sys

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 import redis
 
 from metering.records import METERING_STREAM, RequestRecord, decode_record
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "fleetlm.cli"]
@@ -47,16 +47,6 @@ def service_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.update(extra or {})
     env["PYTHONPATH"] = str(ROOT)
     return env
-
-
-def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @dataclass

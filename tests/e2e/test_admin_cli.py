@@ -3,7 +3,7 @@
 import json
 import uuid
 
-from tests.serving.test_usage import complete
+from tests.e2e.test_usage import complete
 
 
 def _name(prefix: str) -> str:

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.serving.conftest import wait_until
+from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

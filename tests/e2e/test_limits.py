@@ -1,6 +1,7 @@
-# Tenant limits at admission: concurrency and tokens-per-minute 429s with x-ratelimit-* headers,
-# refunds of unused tokens when a request ends, no overshoot under a concurrent burst, batch and
-# interactive budgets kept apart, revoked keys refused.
+# Tenant limits end to end: no overshoot under a concurrent burst, the unused part of a
+# reservation refunded once when a request ends, batch and interactive budgets kept apart.
+# (Headers, too-large requests and revoked keys: tests/api/test_limits.py; the token window's
+# script: tests/metering/test_ratelimit.py.)
 from __future__ import annotations
 
 import threading
@@ -11,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.serving.conftest import wait_until
+from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,48 +150,3 @@ def test_interactive_is_admitted_while_batch_budget_is_exhausted(server):
     assert interactive.status_code == 200
     assert interactive.headers["x-ratelimit-limit-tokens"] == "1000"
     assert tokens_used(server, name, "interactive") == interactive.json()["usage"]["total_tokens"]
-
-
-def test_request_larger_than_the_limit_and_revoked_key(server):
-    name = unique("small")
-    key = server.create_tenant(name, "--tpm", "20")
-    too_big = post(server, key, "/v1/completions", {"prompt": PROMPT, "max_tokens": 50})
-    assert too_big.status_code == 429 and "too large" in too_big.json()["error"]["message"]
-    prefix = key[:10]
-    server.cli("tenants", "revoke-key", prefix)
-    time.sleep(1.2)  # FLEETLM_API_KEY_CACHE_S=1 in the tests
-    gone = post(server, key, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
-    assert gone.status_code == 401
-    assert gone.json()["error"]["code"] == "invalid_api_key"
-
-
-def test_token_window_slides_over_the_minute_boundary(server):
-    # Script-level: the previous minute's tokens still count, weighted by the share of that
-    # minute inside the last 60 s. Fixed windows would admit here (this minute is empty).
-    from metering import ratelimit as rl
-
-    if time.time() % 60 > 45:  # the previous minute's weight must stay large for the check
-        time.sleep(61 - time.time() % 60)
-    r = server.redis
-    prefix = f"fleetlm:limit:test-{uuid.uuid4().hex[:6]}:interactive:tpm"
-    running = prefix.replace(":tpm", ":running")
-    minute = int(time.time() // 60)
-    r.set(f"{prefix}:{minute - 1}", 10_000)  # ten times the limit, all in the previous minute
-
-    def reserve(tokens: int, request_id: str) -> rl.Decision:
-        args = rl.reserve_args(rl.PriorityLimit(tokens_per_minute=1000), request_id, tokens, 60)
-        return rl.decision(r.eval(rl.RESERVE_SCRIPT, 2, running, prefix, *args))
-
-    elapsed = time.time() % 60
-    d = reserve(1, "a")
-    assert not d.admitted and d.exceeded == "tokens"
-    # Weighted previous minute: 10,000 × (1 - elapsed / 60), at least 2,500 here.
-    assert abs(d.tokens_used - 10_000 * (1 - elapsed / 60)) < 10_000 * 2 / 60
-    # It fits once that share decays below 999 tokens: (used - 999) / (10,000 / 60) seconds.
-    expected_ms = (d.tokens_used - 999) / (10_000 / 60) * 1000
-    assert abs(d.reset_ms - expected_ms) < 2500
-    # An empty previous minute: the current one alone counts, as before.
-    r.delete(f"{prefix}:{minute - 1}")
-    assert reserve(400, "b").admitted and reserve(600, "c").admitted
-    d = reserve(1, "d")
-    assert not d.admitted and d.tokens_used == 1000

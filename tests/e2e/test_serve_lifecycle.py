@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import redis
 
-from tests.serving.conftest import CLI, ROOT, start_server
+from tests.e2e.conftest import CLI, ROOT, start_server
 
 pytestmark = pytest.mark.timeout(180)
 

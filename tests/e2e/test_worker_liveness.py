@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from tests.serving.conftest import start_server, wait_until
+from tests.e2e.conftest import start_server, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

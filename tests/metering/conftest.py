@@ -1,37 +1,17 @@
-# Real embedded Redis + PostgreSQL for the metering tests, the schema built by the migrations,
-# and an in-process writer driven one step at a time.
+# The metering tests on the embedded Redis + PostgreSQL (tests/conftest.py's `services`): clean
+# tables per test, and an in-process writer driven one step at a time.
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 import redis
 from sqlalchemy import text
 
-from fleetlm.migrate_cmd import upgrade
 from metering.db import make_engine, make_sessionmaker, transaction
 from metering.records import METERING_STREAM
 from metering.tenants import create_tenant
 from metering.writer import GROUP, MeteringWriter
-from service.embedded import EmbeddedServices
-
-
-@pytest.fixture(scope="package")
-def services():
-    # Not under pytest's basetemp: any concurrent pytest session chmods /tmp/pytest-of-<user>
-    # to 0700, which locks out the unprivileged user pgserver runs Postgres as (when root).
-    root = Path(tempfile.mkdtemp(prefix="fleetlm-metering-"))
-    svc = EmbeddedServices(root / "data")
-    svc.start(redis=True, postgres=True)
-    try:
-        upgrade(svc.database_url)
-        yield svc
-    finally:
-        svc.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.serving.conftest import start_server
+from tests.e2e.conftest import start_server
 
 BATCH_ENV = {
     "FLEETLM_BATCH_PUMP_INTERVAL_S": "0.2",

@@ -7,7 +7,7 @@ import io
 import openai
 import pytest
 
-from tests.batches.conftest import chat_line, jsonl, read_lines, submit, wait_batch
+from tests.e2e.batches.conftest import chat_line, jsonl, read_lines, submit, wait_batch
 
 
 def test_batch_completes_with_every_custom_id_once(server):

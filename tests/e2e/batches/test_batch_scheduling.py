@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
-from tests.batches.conftest import chat_line, read_lines, submit, wait_batch
-from tests.serving.conftest import wait_until
+from tests.e2e.batches.conftest import chat_line, read_lines, submit, wait_batch
+from tests.e2e.conftest import wait_until
 
 
 def test_interactive_requests_overtake_the_batch_backlog(server):

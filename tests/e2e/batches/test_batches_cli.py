@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from tests.batches.conftest import chat_line, jsonl, read_lines
+from tests.e2e.batches.conftest import chat_line, jsonl, read_lines
 
 
 def test_submit_and_watch_from_the_terminal(server, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serving.conftest import free_port, start_server
+from tests.e2e.conftest import free_port, start_server
 
 
 @pytest.fixture(scope="package")

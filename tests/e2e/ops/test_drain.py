@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from tests.serving.conftest import wait_until
+from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -98,7 +98,7 @@ def test_api_drain_refuses_new_work_and_finishes_open_streams(fleet):
     # A separate `fleetlm api` on the same services, so the fleet fixture's API stays up.
     import subprocess
 
-    from tests.serving.conftest import CLI, ROOT, free_port
+    from tests.e2e.conftest import CLI, ROOT, free_port
 
     port = free_port()
     env = {**fleet.env, "FLEETLM_PORT": str(port), "FLEETLM_DRAIN_DELAY_S": "1"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.serving.conftest import wait_until
+from tests.e2e.conftest import wait_until
 
 
 def _records(fleet) -> list[dict]:

@@ -7,7 +7,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serving.conftest import wait_until
+from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
