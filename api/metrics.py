@@ -77,7 +77,7 @@ async def _fleet_families(
 ) -> tuple[list[Metric], list[tuple[str, str]]]:
     workers = await live_workers(redis)
     pipe = redis.pipeline(transaction=False)
-    for priority in p.PRIORITY_CLASSES:
+    for priority in p.PRIORITIES:
         pipe.xlen(p.queue_key(priority))
         pipe.xpending(p.queue_key(priority), p.GROUP)
     for w in workers:
@@ -95,7 +95,7 @@ async def _fleet_families(
         "Requests a worker has taken from the queue and not finished, per priority.",
         labels=["priority"],
     )
-    for i, priority in enumerate(p.PRIORITY_CLASSES):
+    for i, priority in enumerate(p.PRIORITIES):
         length, pending = results[2 * i], results[2 * i + 1]
         length = length if isinstance(length, int) else 0
         pending = pending["pending"] if isinstance(pending, dict) else 0
@@ -108,7 +108,7 @@ async def _fleet_families(
         labels=["worker"],
     )
     texts: list[str] = []
-    base = 2 * len(p.PRIORITY_CLASSES)
+    base = 2 * len(p.PRIORITIES)
     for j, w in enumerate(workers):
         pttl, text = results[base + 2 * j], results[base + 2 * j + 1]
         if isinstance(pttl, int) and pttl >= 0:
