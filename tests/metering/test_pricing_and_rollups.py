@@ -6,7 +6,7 @@ import time
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from metering.db import transaction
 from metering.models import UsageDaily, UsageRecord
@@ -119,3 +119,12 @@ def test_rollups_equal_sums_of_raw_rows(writer, clean, db, tenant_id):
             select(UsageDaily.day, UsageDaily.requests).where(UsageDaily.tenant_id == tenant_id)
         ).all()
         assert sorted(again) == sorted((r[0], r[3]) for r in rolled)
+        # the finance view bills per priority too (the same requests, by month)
+        billed = s.execute(
+            text(
+                "SELECT priority, sum(requests) FROM v_monthly_bill b JOIN tenants t"
+                " ON t.name = b.tenant WHERE t.id = :t GROUP BY priority"
+            ),
+            {"t": tenant_id},
+        ).all()
+        assert dict(billed) == {"interactive": 7, "batch": 3}
