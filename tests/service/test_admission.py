@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from dataclasses import dataclass, field
 
 import pytest
@@ -13,9 +11,10 @@ from redis.asyncio import Redis
 from service import streams as p
 from service.admission import enqueue, enqueue_once
 from service.errors import APIError
-from service.queued_request import QueuedRequest, Sampling
+from service.queued_request import QueuedRequest
 from service.schemas.models import ModelCard
 from service.settings import Settings
+from tests.wire import queued_request
 
 
 @dataclass
@@ -28,18 +27,8 @@ class Context:  # service.context.AdmissionContext
     )
 
 
-def queued(priority: str = "batch") -> QueuedRequest:
-    return QueuedRequest(
-        request_id=f"cmpl-{uuid.uuid4().hex}",
-        tenant_id=str(uuid.uuid4()),
-        key_id=str(uuid.uuid4()),
-        model="tiny",
-        endpoint="completions",
-        priority=priority,
-        prompt_token_ids=[1, 2],
-        sampling=Sampling(),
-        enqueued_at=time.time(),
-    )
+def queued() -> QueuedRequest:
+    return queued_request(priority="batch")
 
 
 def run(services, max_queue_len: int, check) -> None:

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +13,7 @@ from metering.db import make_engine, make_sessionmaker
 from metering.records import METERING_STREAM, RequestRecord, decode_record
 from service import streams as p
 from service.events import FINAL_EVENTS, Event, decode_event
-from service.queued_request import QueuedRequest, Sampling
+from service.queued_request import QueuedRequest
 from service.settings import Settings
 from tests.waiting import wait_until
 from workers.gpu_worker import GpuWorker
@@ -57,20 +55,6 @@ def sessions(services):
     engine = make_engine(services.database_url)
     yield make_sessionmaker(engine)
     engine.dispose()
-
-
-def request(prompt: list[int] | None = None, priority: str = "interactive", **sampling):
-    return QueuedRequest(
-        request_id=f"cmpl-{uuid.uuid4().hex}",
-        tenant_id=str(uuid.uuid4()),
-        key_id=str(uuid.uuid4()),
-        model="tiny",
-        endpoint="completions",
-        priority=priority,
-        prompt_token_ids=prompt or list(range(1, 11)),
-        sampling=Sampling(**{"temperature": 0.0, "ignore_eos": True, **sampling}),
-        enqueued_at=time.time(),
-    )
 
 
 def submit(rds: redis.Redis, queued: QueuedRequest) -> str:

@@ -10,11 +10,11 @@ from metering import ratelimit as rl
 from service import streams as p
 from service.events import encode_event
 from tests.waiting import wait_until
+from tests.wire import queued_request
 from tests.workers.conftest import (
     WORKER_ID,
     events,
     records_of,
-    request,
     submit,
     usage_record,
     worker_stats,
@@ -39,7 +39,7 @@ def reserve(rds, queued, tokens: int) -> None:
 
 
 def test_a_request_streams_then_ends_with_one_record_and_a_refund(gpu_worker, rds):
-    queued = request(max_tokens=6)
+    queued = queued_request(max_tokens=6)
     reserve(rds, queued, tokens=100)
     submit(rds, queued)
     got = events(rds, queued.request_id)
@@ -78,7 +78,7 @@ def test_a_request_streams_then_ends_with_one_record_and_a_refund(gpu_worker, rd
 
 
 def test_a_cancel_aborts_the_request_and_frees_its_blocks(gpu_worker, rds):
-    queued = request(max_tokens=2000)
+    queued = queued_request(max_tokens=2000)
     submit(rds, queued)
     wait_until(lambda: rds.xlen(p.output_key(queued.request_id)), 60, "the first delta")
     rds.set(p.cancel_key(queued.request_id), "1")
@@ -99,7 +99,7 @@ def test_a_cancel_aborts_the_request_and_frees_its_blocks(gpu_worker, rds):
 
 
 def test_a_request_the_engine_refuses_fails_with_one_record(gpu_worker, rds):
-    queued = request(max_tokens=4, temperature=-1.0)  # out of the engine's range
+    queued = queued_request(max_tokens=4, temperature=-1.0)  # out of the engine's range
     submit(rds, queued)
     (final,) = events(rds, queued.request_id)
     assert final["type"] == "error" and final["code"] == "invalid_request"
@@ -113,7 +113,7 @@ def test_a_request_the_engine_refuses_fails_with_one_record(gpu_worker, rds):
 def test_a_dead_workers_entries_are_rerun_or_failed(gpu_worker, rds):
     # Another consumer read two requests and went silent: one had already streamed tokens.
     queue = p.queue_key("interactive")
-    streamed, unstarted = request(max_tokens=5), request(max_tokens=5)
+    streamed, unstarted = queued_request(max_tokens=5), queued_request(max_tokens=5)
     streamed_delta = {"type": "delta", "text": "ab", "worker": "w-dead", "completion_tokens": 3}
     # Enqueued and read by the dead consumer in one transaction: our worker cannot read them first.
     pipe = rds.pipeline(transaction=True)
