@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -126,8 +125,3 @@ class Settings(BaseSettings):
     def liveness_bound_s(self) -> float:
         """Worst case from a worker's death to its client's error event (docs/serving.md)."""
         return self.worker_dead_after_s + self.no_worker_timeout_s + self.relay_poll_s
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return Settings()
