@@ -9,6 +9,7 @@ COPY pyproject.toml README.md ./
 COPY fleetlm fleetlm
 COPY engine engine
 COPY kernels kernels
+COPY service service
 COPY api api
 COPY workers workers
 COPY metering metering

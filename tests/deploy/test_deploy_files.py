@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,12 @@ def test_dashboard_and_alerts_use_exported_series():
         assert wanted in titles, wanted
     prometheus = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     assert prometheus["scrape_configs"][0]["metrics_path"] == "/metrics"
+
+
+@pytest.mark.parametrize("image", ["api", "worker"])
+def test_images_copy_every_package_the_project_installs(image):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    dockerfile = (DEPLOY / "docker" / f"{image}.Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\w+) \1$", dockerfile, re.M))
+    assert packages <= copied, f"{image}.Dockerfile misses {sorted(packages - copied)}"
