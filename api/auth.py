@@ -8,8 +8,8 @@ import time
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.errors import APIError
 from metering.keys import Principal, find_principal, hash_key, touch_key
+from service.errors import APIError
 
 
 def forbidden(message: str) -> APIError:

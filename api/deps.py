@@ -1,15 +1,18 @@
 # Annotated dependencies for the routes.
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from redis.asyncio import Redis
+from sqlalchemy.orm import Session
 
 from api.auth import forbidden
 from api.state import AppState
-from fleetlm.settings import Settings
+from metering.db import transaction
 from metering.keys import Principal
+from service.settings import Settings
 
 
 def get_state(request: Request) -> AppState:
@@ -33,7 +36,18 @@ async def current_principal(
     return await state.keys.verify(authorization)
 
 
+def get_session(state: State) -> Iterator[Session]:
+    """The request's unit of work: committed when the handler returns, rolled back when it
+    raises (services never commit). A sync dependency, so FastAPI runs it, like the sync
+    handlers that take it, in its threadpool, off the event loop."""
+    with transaction(state.sessions) as session:
+        yield session
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+# scope="function": the commit happens before the response is sent (and before any
+# background task), so a client never sees an id its next request cannot find.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
 

@@ -8,8 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from api.errors import APIError
 from api.metrics import DRAINING, OPEN_REQUESTS
+from service.errors import APIError
 
 
 class Drain:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,34 +12,21 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from api.admission import enqueue, publish_cancel
 from api.drain import Drain
-from api.errors import APIError, event_error
-from api.limits import release, reserve
 from api.metrics import ADMISSIONS, REJECTIONS
 from api.relay import relay_events
-from api.schemas.sampling import Usage
 from api.state import AppState
-from fleetlm.logging_setup import request_id_var
 from metering.keys import Principal
-from workers import protocol as p
+from service.admission import enqueue, publish_cancel
+from service.errors import APIError, event_error
+from service.events import FINAL_EVENTS
+from service.limits import release, reserve
+from service.logging_setup import request_id_var
+from service.queued_request import QueuedRequest
+from service.schemas.formatter import Formatter
+from service.schemas.sampling import Usage
 
 log = logging.getLogger("fleetlm.api")
-
-
-class Formatter:
-    """Endpoint-specific shapes: chat.completion(.chunk) or text_completion."""
-
-    first_chunk: dict[str, Any] | None = None  # sent before any token (the chat role delta)
-
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        raise NotImplementedError
 
 
 def sse(obj: dict[str, Any] | str) -> str:
@@ -51,7 +37,7 @@ def sse(obj: dict[str, Any] | str) -> str:
 async def generate(
     request: Request,
     state: AppState,
-    queued: p.QueuedRequest,
+    queued: QueuedRequest,
     fmt: Formatter,
     *,
     stream: bool,
@@ -121,7 +107,7 @@ async def _stream(
             last = fmt.chunk(text, event["finish_reason"])
             yield sse(last | ({"usage": None} if include_usage else {}))
             if include_usage:
-                yield sse(fmt.usage_chunk(Usage.from_event(event["usage"])))
+                yield sse(fmt.usage_chunk(Usage.from_counts(event["usage"])))
         yield sse("[DONE]")
     finally:
         drain.closed()
@@ -144,7 +130,7 @@ async def _collect(
             parts.append(event.get("text", ""))
             if event.get("code") == "no_workers":  # still queued: whoever picks it up drops it
                 await publish_cancel(state.redis, state, request_id)
-            if event["type"] in p.FINAL_EVENTS:
+            if event["type"] in FINAL_EVENTS:
                 return "".join(parts), event
         raise AssertionError("relay ended without a final event")
 
@@ -164,9 +150,5 @@ async def _collect(
     if event["type"] == "error":
         err = event_error(event)
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
-    usage = Usage.from_event(event["usage"])
+    usage = Usage.from_counts(event["usage"])
     return JSONResponse(fmt.response(text, event["finish_reason"], usage), headers=headers)
-
-
-def created_now() -> int:
-    return int(time.time())

@@ -12,19 +12,18 @@ from api import metrics as metrics_routes
 from api.auth import KeyVerifier
 from api.drain import Drain
 from api.routes import admin, batches, chat, completions, files, health, internal, models, usage
-from api.schemas.models import ModelCard
 from api.state import AppState
 from engine.tokenizer import Tokenizer
-from fleetlm.settings import Settings
 from metering.db import make_engine, make_sessionmaker
+from service.celery_app import configure
+from service.schemas.models import ModelCard
+from service.settings import Settings
 
 
 def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        from workers.celery_app import configure
-
-        configure(redis_url)  # the batch routes send tasks through it
+        configure(settings, redis_url)  # the batch routes send tasks through it
         db = make_engine(database_url)
         sessions = make_sessionmaker(db)
         redis = Redis.from_url(

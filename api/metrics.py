@@ -1,4 +1,4 @@
-# GET /metrics: this API process's series, the fleet's Redis-side state (queue depth per class,
+# GET /metrics: this API process's series, the fleet's Redis-side state (queue depth per priority,
 # metering lag, worker heartbeats) read at scrape time, and every live worker's own series (the
 # snapshot each ships to fleetlm:worker:{id}:metrics) relabelled with worker="<id>", so one
 # scrape target serves a small deployment. Large ones scrape workers directly
@@ -25,8 +25,8 @@ from redis.asyncio import Redis
 
 from api.deps import State
 from api.relay import live_workers
-from fleetlm.settings import Settings
-from workers import protocol as p
+from service import streams as p
+from service.settings import Settings
 
 disable_created_metrics()
 
@@ -77,7 +77,7 @@ async def _fleet_families(
 ) -> tuple[list[Metric], list[tuple[str, str]]]:
     workers = await live_workers(redis)
     pipe = redis.pipeline(transaction=False)
-    for priority in p.PRIORITY_CLASSES:
+    for priority in p.PRIORITIES:
         pipe.xlen(p.queue_key(priority))
         pipe.xpending(p.queue_key(priority), p.GROUP)
     for w in workers:
@@ -87,15 +87,15 @@ async def _fleet_families(
 
     depth = GaugeMetricFamily(
         "fleetlm:queue_depth",
-        "Requests queued and not yet picked up by a worker, per class.",
+        "Requests queued and not yet picked up by a worker, per priority.",
         labels=["priority"],
     )
     running = GaugeMetricFamily(
         "fleetlm:queue_in_progress",
-        "Requests a worker has taken from the queue and not finished, per class.",
+        "Requests a worker has taken from the queue and not finished, per priority.",
         labels=["priority"],
     )
-    for i, priority in enumerate(p.PRIORITY_CLASSES):
+    for i, priority in enumerate(p.PRIORITIES):
         length, pending = results[2 * i], results[2 * i + 1]
         length = length if isinstance(length, int) else 0
         pending = pending["pending"] if isinstance(pending, dict) else 0
@@ -108,7 +108,7 @@ async def _fleet_families(
         labels=["worker"],
     )
     texts: list[str] = []
-    base = 2 * len(p.PRIORITY_CLASSES)
+    base = 2 * len(p.PRIORITIES)
     for j, w in enumerate(workers):
         pttl, text = results[base + 2 * j], results[base + 2 * j + 1]
         if isinstance(pttl, int) and pttl >= 0:

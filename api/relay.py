@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from redis.asyncio import Redis
 
-from fleetlm.settings import Settings
-from workers import protocol as p
+from service import streams as p
+from service.events import FINAL_EVENTS, Event, decode_event
+from service.settings import Settings
 
 
 async def live_workers(redis: Redis) -> list[str]:
@@ -37,10 +37,10 @@ async def relay_events(redis: Redis, settings: Settings, request_id: str) -> Asy
             for _, entries in response:
                 for entry_id, fields in entries:
                     last_id = entry_id
-                    event: dict[str, Any] = p.decode_event(fields)
+                    event: Event = decode_event(fields)
                     worker = event.get("worker") or worker
                     yield event
-                    if event["type"] in p.FINAL_EVENTS:
+                    if event["type"] in FINAL_EVENTS:
                         return
             continue
         if worker is not None:

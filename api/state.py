@@ -8,8 +8,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import KeyVerifier
-from api.schemas.models import ModelCard
-from fleetlm.settings import Settings
+from service.schemas.models import ModelCard
+from service.settings import Settings
 
 
 @dataclass

@@ -19,9 +19,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.main import create_app
-    from fleetlm.embedded import resolve_urls
-    from fleetlm.logging_setup import configure_logging
-    from fleetlm.settings import Settings
+    from service.embedded import resolve_urls
+    from service.logging_setup import configure_logging
+    from service.settings import Settings
 
     class DrainingServer(uvicorn.Server):
         # First SIGTERM/SIGINT: drain (api/drain.py), then exit as uvicorn does; a second: now.

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _client(args: argparse.Namespace):
     import httpx
 
-    from fleetlm.settings import Settings
+    from service.settings import Settings
 
     settings = Settings()
     key = args.api_key or (args.data_dir or settings.data_dir).joinpath("demo-key").read_text()

@@ -133,7 +133,7 @@ def _served_sweep(args, spec, rates, targets, result):
         result["model"] = model
         local = args.model
         if local is None and server is not None:
-            from fleetlm.settings import Settings
+            from service.settings import Settings
 
             local = Settings().model  # what the launched server loads
         plan = _plan(args, spec, max_len, _vocab(args, local or model))
@@ -163,7 +163,7 @@ def _served_sweep(args, spec, rates, targets, result):
 
 def _engine_sweep(args, spec, rates, targets, plan):
     from fleetlm.bench.serve_bench import EngineBackend, run_rate, sweep
-    from fleetlm.settings import Settings
+    from service.settings import Settings
     from workers.gpu_worker import build_engine
 
     settings = Settings(**({"model": args.model} if args.model else {}))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 
@@ -17,18 +16,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetlm.embedded import resolve_urls
-    from fleetlm.settings import Settings
+    from service.embedded import resolve_urls
+    from service.settings import Settings
 
     settings = Settings()
     redis_url, database_url = resolve_urls(settings, args.data_dir)
-    os.environ.update(REDIS_URL=redis_url, DATABASE_URL=database_url)
+    settings = settings.model_copy(update={"redis_url": redis_url, "database_url": database_url})
 
-    from workers.celery_app import app, configure
+    from service.celery_app import app, configure
 
-    configure(redis_url)
+    configure(settings, redis_url)
     argv = [args.role, "--loglevel", "INFO"]
     if args.role == "worker":
+        from workers import batch_tasks  # registers the tasks on the app
+
+        batch_tasks.bind(settings)
         # solo: one process, so a kill takes exactly the task it ran (acks_late redelivers it)
         pool = "solo" if args.concurrency == 1 else "prefork"
         argv += ["--pool", pool, "--concurrency", str(args.concurrency), "-Q", "fleetlm"]

@@ -15,8 +15,8 @@ def add_data_dir(p: argparse.ArgumentParser) -> None:
 
 
 def database_url(args: argparse.Namespace) -> str:
-    from fleetlm.embedded import resolve_urls
-    from fleetlm.settings import Settings
+    from service.embedded import resolve_urls
+    from service.settings import Settings
 
     settings = Settings()
     if settings.database_url:

@@ -15,10 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetlm.embedded import resolve_urls
-    from fleetlm.logging_setup import configure_logging
-    from fleetlm.settings import Settings
     from metering.writer import MeteringWriter
+    from service.embedded import resolve_urls
+    from service.logging_setup import configure_logging
+    from service.settings import Settings
 
     settings = Settings()
     configure_logging("metering", settings.log_format, settings.log_level)

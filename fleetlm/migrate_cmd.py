@@ -32,8 +32,8 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetlm.embedded import resolve_urls
-    from fleetlm.settings import Settings
+    from service.embedded import resolve_urls
+    from service.settings import Settings
 
     settings = Settings()
     if settings.database_url:

@@ -15,6 +15,10 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.settings import Settings
 
 MAX_RESTARTS_PER_MINUTE = 5
 
@@ -105,32 +109,86 @@ def _wait_healthy(url: str, child: Child, timeout_s: float) -> None:
     raise SystemExit(f"fleetlm serve: the API did not answer on {url} in {timeout_s:.0f}s")
 
 
-def run(args: argparse.Namespace) -> int:
-    from fleetlm.embedded import EmbeddedServices, child_env
-    from fleetlm.migrate_cmd import upgrade
-    from fleetlm.settings import Settings
+def _settings(args: argparse.Namespace) -> Settings:
+    from service.settings import Settings
 
-    overrides = {
-        k: v
-        for k, v in (
-            ("model", args.model),
-            ("host", args.host),
-            ("port", args.port),
-            ("data_dir", args.data_dir),
-        )
-        if v is not None
-    }
-    settings = Settings(**overrides)
-    data_dir = settings.data_dir.resolve()
-    stopping = False
+    flags = {"model": args.model, "host": args.host, "port": args.port, "data_dir": args.data_dir}
+    return Settings(**{k: v for k, v in flags.items() if v is not None})
+
+
+@dataclass
+class StopRequest:
+    # A plain flag: a signal handler that took an Event's lock could deadlock its own thread.
+    requested: bool = False
+
+
+def _stop_on_signals() -> StopRequest:
+    stop = StopRequest()
 
     def on_signal(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
+        stop.requested = True
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    return stop
 
+
+def child_env(redis_url: str, database_url: str) -> dict[str, str]:
+    return {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url}
+
+
+def _children(args: argparse.Namespace, settings: Settings, env: dict[str, str]) -> list[Child]:
+    """The API first, then the workers, Celery, and the metering writer last: children stop in
+    this order (the API drains while the workers still run; the writer writes what they
+    metered)."""
+    cli = [sys.executable, "-m", "fleetlm.cli"]
+    children = [Child("api", [*cli, "api"], env)]
+    num_gpus = count_gpus()
+    num_workers = args.workers if args.workers is not None else max(1, num_gpus)
+    for i in range(num_workers):
+        worker_env = dict(env)
+        if num_gpus:
+            worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
+        if settings.worker_metrics_port:
+            worker_env["FLEETLM_WORKER_METRICS_PORT"] = str(settings.worker_metrics_port + i)
+        children.append(Child(f"worker-{i}", [*cli, "worker"], worker_env))
+    # Batch control plane (docs/batches.md); pidfiles let tests and operators find it.
+    for role in ("worker", "beat"):
+        pidfile = str(settings.data_dir.resolve() / f"celery-{role}.pid")
+        argv = [*cli, "celery", role, "--pidfile", pidfile]
+        children.append(Child(f"celery-{role}", argv, env))
+    children.append(Child("metering", [*cli, "metering"], env))
+    return children
+
+
+def _supervise(children: list[Child], stop: StopRequest) -> int:
+    """Restarts a child that dies, until told to stop (0) or one keeps dying (1)."""
+    while not stop.requested:
+        time.sleep(0.2)
+        for child in children:
+            if stop.requested or child.proc is None or child.proc.poll() is None:
+                continue
+            now = time.monotonic()
+            child.restarts = [t for t in (child.restarts or []) if now - t < 60] + [now]
+            if len(child.restarts) > MAX_RESTARTS_PER_MINUTE:
+                print(f"fleetlm: {child.name} keeps dying; stopping", file=sys.stderr)
+                return 1
+            print(
+                f"fleetlm: {child.name} exited ({child.proc.returncode}); restarting",
+                file=sys.stderr,
+                flush=True,
+            )
+            child.start()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetlm.migrate_cmd import upgrade
+    from service.embedded import EmbeddedServices
+
+    settings = _settings(args)
+    data_dir = settings.data_dir.resolve()
+    stop = _stop_on_signals()
     services = EmbeddedServices(data_dir)
     children: list[Child] = []
     try:
@@ -148,57 +206,21 @@ def run(args: argparse.Namespace) -> int:
             FLEETLM_PORT=str(settings.port),
             FLEETLM_DATA_DIR=str(data_dir),
         )
-        cli = [sys.executable, "-m", "fleetlm.cli"]
-        children.append(Child("api", [*cli, "api"], env))
-        num_gpus = count_gpus()
-        num_workers = args.workers if args.workers is not None else max(1, num_gpus)
-        for i in range(num_workers):
-            worker_env = dict(env)
-            if num_gpus:
-                worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
-            if settings.worker_metrics_port:
-                worker_env["FLEETLM_WORKER_METRICS_PORT"] = str(settings.worker_metrics_port + i)
-            children.append(Child(f"worker-{i}", [*cli, "worker"], worker_env))
-        # Batch control plane (docs/batches.md); pidfiles let tests and operators find it.
-        for role in ("worker", "beat"):
-            pidfile = str(data_dir / f"celery-{role}.pid")
-            children.append(
-                Child(f"celery-{role}", [*cli, "celery", role, "--pidfile", pidfile], env)
-            )
-        # Last, so it stops last: it writes the records the stopping workers emit.
-        children.append(Child("metering", [*cli, "metering"], env))
+        children = _children(args, settings, env)
         for child in children:
             child.start()
         base = f"http://{settings.host}:{settings.port}"
         _wait_healthy(base, children[0], timeout_s=120)
+        num_workers = sum(c.name.startswith("worker-") for c in children)
         print(f"fleetlm: serving {settings.model_name} at {base}/v1", flush=True)
         print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
         print(f"fleetlm: admin key in {data_dir / 'operator-key'}", flush=True)
         print(f"fleetlm: {num_workers} worker(s); Ctrl-C stops everything", flush=True)
-
-        while not stopping:
-            time.sleep(0.2)
-            for child in children:
-                if stopping or child.proc is None or child.proc.poll() is None:
-                    continue
-                now = time.monotonic()
-                child.restarts = [t for t in (child.restarts or []) if now - t < 60] + [now]
-                if len(child.restarts) > MAX_RESTARTS_PER_MINUTE:
-                    print(f"fleetlm: {child.name} keeps dying; stopping", file=sys.stderr)
-                    return 1
-                print(
-                    f"fleetlm: {child.name} exited ({child.proc.returncode}); restarting",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                child.start()
-        return 0
+        return _supervise(children, stop)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        # API first: it drains (no new work, open streams finish while the workers still run);
-        # then the workers drain; the writer last, so it writes what they metered.
-        for child in children:
+        for child in children:  # in order: API, workers, Celery, the writer
             child.stop(timeout_s=settings.drain_timeout_s + 10)
         services.stop()
         print("fleetlm: stopped", flush=True)

@@ -9,7 +9,7 @@ import sys
 
 from fleetlm.db_cmd import add_data_dir, session_for
 
-LIMIT_FLAGS = (  # flag, class, field
+LIMIT_FLAGS = (  # flag, priority, field
     ("max_concurrency", "interactive", "max_concurrency"),
     ("tpm", "interactive", "tokens_per_minute"),
     ("batch_max_concurrency", "batch", "max_concurrency"),
@@ -148,7 +148,7 @@ def limits(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_row(r) for r in rows]))
         return 0
-    print(f"{'tenant':<24} {'class':<12} {'max concurrency':>15} {'tokens/min':>12}")
+    print(f"{'tenant':<24} {'priority':<12} {'max concurrency':>15} {'tokens/min':>12}")
     for r in rows:
         conc = "-" if r.max_concurrency is None else r.max_concurrency
         tpm = "-" if r.tokens_per_minute is None else r.tokens_per_minute

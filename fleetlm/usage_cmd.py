@@ -1,4 +1,4 @@
-# `fleetlm usage --tenant T --from D --to D [--group-by day,model,class] [--csv | --json]`:
+# `fleetlm usage --tenant T --from D --to D [--group-by day,model,priority] [--csv | --json]`:
 # invoice lines from the raw usage rows, with the prices recorded on each row applied and cached
 # input priced separately. --to is exclusive (UTC days).
 from __future__ import annotations
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", default=None, help="tenant name (default: every tenant)")
     p.add_argument("--from", dest="start", type=date.fromisoformat, default=today.replace(day=1))
     p.add_argument("--to", dest="end", type=date.fromisoformat, default=today + timedelta(days=1))
-    p.add_argument("--group-by", type=_groups, default=("day",), help="day,model,class,tenant")
+    p.add_argument("--group-by", type=_groups, default=("day",), help="day,model,priority,tenant")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true")
     fmt.add_argument("--json", action="store_true")

@@ -17,9 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetlm.embedded import resolve_urls
-    from fleetlm.logging_setup import configure_logging
-    from fleetlm.settings import Settings
+    from service.embedded import resolve_urls
+    from service.logging_setup import configure_logging
+    from service.settings import Settings
 
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
     settings = Settings(**overrides)

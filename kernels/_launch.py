@@ -4,6 +4,7 @@
 import functools
 import operator
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -93,6 +94,67 @@ def check_contiguous(name: str, t: torch.Tensor) -> None:
 def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def output_buffer(
+    name: str, out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor
+) -> torch.Tensor:
+    """`out` (a static CUDA-graph buffer) checked against the shape and like's dtype and device,
+    or a new one; either way contiguous in its last dimension."""
+    if out is None:
+        out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    check_tensor(name, out, ndim=len(shape), dtypes=(like.dtype,), device=like.device)
+    check_shape(name, out, shape)
+    check_last_dim_contiguous(name, out)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PagedAttentionShape:
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+
+
+def check_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> PagedAttentionShape:
+    """The arguments both paged-attention launchers take.
+    q: [num_tokens, num_heads, head_dim]; k_cache/v_cache: [num_blocks, block_size,
+    num_kv_heads, head_dim]; block_tables: [num_seqs, max_blocks_per_seq]; seq_lens: [num_seqs].
+    """
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    device = q.device
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=device)
+    check_tensor("block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES, device=device)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    check_shape("k_cache", k_cache, (k_cache.shape[0], block_size, num_kv_heads, head_dim))
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables has {block_tables.shape[0]} rows, expected {num_seqs}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+    if not is_power_of_2(head_dim) or head_dim < 16:
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_last_dim_contiguous(name, t)
+    check_last_dim_contiguous("block_tables", block_tables)
+    check_contiguous("seq_lens", seq_lens)
+    return PagedAttentionShape(num_seqs, num_heads, num_kv_heads, head_dim, block_size)
 
 
 def check_launchable(t: torch.Tensor) -> None:

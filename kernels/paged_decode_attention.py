@@ -19,18 +19,14 @@ import triton
 import triton.language as tl
 
 from kernels._launch import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_contiguous,
-    check_last_dim_contiguous,
     check_launchable,
+    check_paged_attention,
     check_shape,
-    check_tensor,
     dot_config,
     host_int,
-    is_power_of_2,
     next_power_of_2,
     num_sms,
+    output_buffer,
 )
 
 
@@ -290,27 +286,11 @@ def paged_decode_attention(
     at capture). The float32 scratch for the partials (num_splits > 1) is allocated per call,
     from the graph's private pool under capture.
     """
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    shape = check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
+    check_shape("seq_lens", seq_lens, (q.shape[0],))  # one query token per sequence
+    num_seqs, num_heads, num_kv_heads = shape.num_seqs, shape.num_heads, shape.num_kv_heads
+    head_dim, block_size = shape.head_dim, shape.block_size
     device = q.device
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=device)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=device)
-    check_tensor("block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES, device=device)
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=device)
-    num_seqs, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    check_shape("k_cache", k_cache, (k_cache.shape[0], block_size, num_kv_heads, head_dim))
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    check_shape("seq_lens", seq_lens, (num_seqs,))
-    if block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables has {block_tables.shape[0]} rows, expected {num_seqs}")
-    if num_kv_heads == 0 or num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-        )
-    if not is_power_of_2(head_dim) or head_dim < 16:
-        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
-    if block_size < 1:
-        raise ValueError("block_size must be >= 1")
     max_seq_len = host_int("max_seq_len", max_seq_len)
     if max_seq_len > block_tables.shape[1] * block_size:
         raise ValueError(
@@ -322,15 +302,7 @@ def paged_decode_attention(
     num_splits = host_int("num_splits", num_splits, minimum=1)
     if num_splits > MAX_USER_SPLITS:
         raise ValueError(f"num_splits must be <= {MAX_USER_SPLITS}, got {num_splits}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_last_dim_contiguous(name, t)
-    check_last_dim_contiguous("block_tables", block_tables)
-    check_contiguous("seq_lens", seq_lens)
-    if out is None:
-        out = torch.empty_like(q)
-    check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
-    check_shape("out", out, tuple(q.shape))
-    check_last_dim_contiguous("out", out)
+    out = output_buffer("out", out, tuple(q.shape), q)
     if num_seqs == 0 or num_heads == 0:
         return out
     check_launchable(q)

@@ -19,16 +19,15 @@ import triton
 import triton.language as tl
 
 from kernels._launch import (
-    FLOAT_DTYPES,
     INDEX_DTYPES,
     check_contiguous,
-    check_last_dim_contiguous,
     check_launchable,
+    check_paged_attention,
     check_shape,
     check_tensor,
     dot_config,
     host_int,
-    is_power_of_2,
+    output_buffer,
 )
 
 
@@ -274,38 +273,14 @@ def paged_prefill_attention(
     reference. The grid depends only on host ints, so the call can be graph-captured.
     Sequences must satisfy q_len <= seq_len (the chunk's keys are already in the cache).
     """
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    device = q.device
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=device)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=device)
-    check_tensor("block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES, device=device)
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=device)
-    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES, device=device)
-    _, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    num_seqs = seq_lens.shape[0]
-    check_shape("k_cache", k_cache, (k_cache.shape[0], block_size, num_kv_heads, head_dim))
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    shape = check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, num_kv_heads = shape.num_seqs, shape.num_heads, shape.num_kv_heads
+    head_dim, block_size = shape.head_dim, shape.block_size
+    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES, device=q.device)
     check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
-    if block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables has {block_tables.shape[0]} rows, expected {num_seqs}")
-    if num_kv_heads == 0 or num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-        )
-    if not is_power_of_2(head_dim) or head_dim < 16:
-        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
-    max_query_len = host_int("max_query_len", max_query_len)
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_last_dim_contiguous(name, t)
-    check_last_dim_contiguous("block_tables", block_tables)
-    check_contiguous("seq_lens", seq_lens)
     check_contiguous("query_start_loc", query_start_loc)
-    if out is None:
-        out = torch.empty_like(q)
-    check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
-    check_shape("out", out, tuple(q.shape))
-    check_last_dim_contiguous("out", out)
+    max_query_len = host_int("max_query_len", max_query_len)
+    out = output_buffer("out", out, tuple(q.shape), q)
     if num_seqs == 0 or max_query_len == 0 or num_heads == 0:
         return out
     check_launchable(q)

@@ -9,8 +9,8 @@ from kernels._launch import (
     FLOAT_DTYPES,
     check_last_dim_contiguous,
     check_launchable,
-    check_shape,
     check_tensor,
+    output_buffer,
 )
 
 
@@ -62,12 +62,8 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         raise ValueError(f"x's last dim must be even (gate and up halves), got {x.shape[-1]}")
     inter = x.shape[-1] // 2
     out_shape = (*x.shape[:-1], inter)
-    if out is None:
-        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    check_tensor("out", out, ndim=x.dim(), dtypes=(x.dtype,), device=x.device)
-    check_shape("out", out, out_shape)
     check_last_dim_contiguous("x", x)
-    check_last_dim_contiguous("out", out)
+    out = output_buffer("out", out, out_shape, x)
     if x.dim() == 2:
         x2, o2 = x, out
     else:

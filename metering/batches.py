@@ -89,3 +89,21 @@ def request_cancel(batch: Batch) -> bool:
     batch.status = "cancelling"
     batch.cancelling_at = now()
     return True
+
+
+def lock_for_pump(session: Session, batch_id: str) -> Batch | None:
+    """The batch row, locked for this transaction; None when another pump holds it."""
+    query = select(Batch).where(Batch.id == batch_id).with_for_update(skip_locked=True)
+    return session.scalar(query)
+
+
+def rearm_stale_pumps(session: Session, stale_before: datetime) -> list[tuple[str, str]]:
+    """A fresh pump token for every active batch whose pump went silent before `stale_before`
+    (a lost task, a killed worker); returns the (batch id, token) pairs to send."""
+    query = select(Batch).where(Batch.status.in_(ACTIVE)).with_for_update(skip_locked=True)
+    armed = []
+    for batch in session.scalars(query):
+        if (batch.pumped_at or batch.created_at) < stale_before:
+            batch.pump_token = secrets.token_hex(8)
+            armed.append((batch.id, batch.pump_token))
+    return armed

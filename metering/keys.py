@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from metering.models import ApiKey, Tenant, TenantLimit
-from metering.ratelimit import ClassLimit
+from metering.ratelimit import PriorityLimit
 
 KEY_PREFIX = "flm-"
 
@@ -30,10 +30,10 @@ class Principal:
     tenant_name: str
     key_id: uuid.UUID
     is_admin: bool = False
-    limits: dict[str, ClassLimit] = field(default_factory=dict)  # class → limit; absent: none
+    limits: dict[str, PriorityLimit] = field(default_factory=dict)  # priority → limit; absent: none
 
-    def limit(self, priority: str) -> ClassLimit:
-        return self.limits.get(priority, ClassLimit())
+    def limit(self, priority: str) -> PriorityLimit:
+        return self.limits.get(priority, PriorityLimit())
 
 
 def find_principal(session: Session, key: str) -> Principal | None:
@@ -45,11 +45,20 @@ def find_principal(session: Session, key: str) -> Principal | None:
     if row is None:
         return None
     key_id, is_admin, tenant_id, tenant_name = row
-    limits = {
-        lim.priority: ClassLimit(lim.max_concurrency, lim.tokens_per_minute)
+    return Principal(tenant_id, tenant_name, key_id, is_admin, _limits(session, tenant_id))
+
+
+def principal_of_key(session: Session, tenant_id: uuid.UUID, key_id: uuid.UUID) -> Principal:
+    """The principal a batch's lines run as: its key's tenant with today's limits."""
+    name = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or ""
+    return Principal(tenant_id, name, key_id, False, _limits(session, tenant_id))
+
+
+def _limits(session: Session, tenant_id: uuid.UUID) -> dict[str, PriorityLimit]:
+    return {
+        lim.priority: PriorityLimit(lim.max_concurrency, lim.tokens_per_minute)
         for lim in session.scalars(select(TenantLimit).where(TenantLimit.tenant_id == tenant_id))
     }
-    return Principal(tenant_id, tenant_name, key_id, is_admin, limits)
 
 
 def touch_key(session: Session, key_id: uuid.UUID) -> None:

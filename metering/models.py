@@ -65,7 +65,7 @@ class ApiKey(Base):
 
 
 class TenantLimit(Base):
-    """Per tenant and priority class; NULL means unlimited. Batch never draws on interactive."""
+    """Per tenant and priority; NULL means unlimited. Batch never draws on interactive."""
 
     __tablename__ = "tenant_limits"
     __table_args__ = (CheckConstraint("priority IN ('interactive', 'batch')", name="priority"),)
@@ -110,7 +110,7 @@ class UsageRecord(Base):
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
     key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     model: Mapped[str] = mapped_column(String(200))
-    priority: Mapped[str] = mapped_column(String(16))  # the class: interactive | batch
+    priority: Mapped[str] = mapped_column(String(16))  # interactive | batch
     endpoint: Mapped[str] = mapped_column(String(64))
     batch_id: Mapped[str | None] = mapped_column(String(100))
     status: Mapped[str] = mapped_column(String(16))  # completed | length | cancelled | failed
@@ -140,7 +140,7 @@ class UsageRecord(Base):
 
 
 class UsageDaily(Base):
-    """Rollup of usage_records per tenant × model × class × UTC day (day of created_at).
+    """Rollup of usage_records per tenant × model × priority × UTC day (day of created_at).
     Recomputed from the raw rows for every day a writer batch touches, so it is idempotent."""
 
     __tablename__ = "usage_daily"

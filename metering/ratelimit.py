@@ -1,23 +1,26 @@
-# Per tenant and class limits in Redis: concurrent sequences and tokens per minute. Admission
+# Per tenant and priority limits in Redis: concurrent sequences and tokens per minute. Admission
 # reserves one concurrency slot and prompt + max_tokens tokens in one Lua script, so a concurrent
 # burst cannot overshoot; the end of the request releases the slot and refunds the unused tokens
 # in another script that is idempotent (the slot's ZREM is the exactly-once gate), so a request
 # finished twice, or released by both the API and a worker, refunds once.
 #
-#   fleetlm:limit:{tenant}:{class}:running      zset request_id → lease deadline (unix s)
-#   fleetlm:limit:{tenant}:{class}:tpm:{minute} tokens reserved in that UTC minute (expires)
+#   fleetlm:limit:{tenant}:{priority}:running      zset request_id → lease deadline (unix s)
+#   fleetlm:limit:{tenant}:{priority}:tpm:{minute} tokens reserved in that UTC minute (expires)
 #
 # Tokens per minute are a sliding 60-second window, estimated from two minute counters: the
 # current UTC minute's tokens plus the previous minute's weighted by the share of it still
 # inside the window (1 at the minute boundary, 0 a minute later). Fixed minute windows let a
 # burst take twice the limit across a boundary (a full minute's worth at 12:00:59, another at
 # 12:01:00); the estimate assumes the previous minute's tokens were spread evenly, which real
-# traffic comes close to. Classes have separate keys, so batch never draws on interactive
+# traffic comes close to. Priorities have separate keys, so batch never draws on interactive
 # headroom.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
+
+Priority = Literal["interactive", "batch"]  # service_tier "flex" at the HTTP edge is batch
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)  # the order workers read the queues in
 
 WINDOW_S = 60
 UNLIMITED = -1
@@ -90,9 +93,18 @@ def window_key(tenant_id: str, priority: str, window: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class ClassLimit:
+class PriorityLimit:
     max_concurrency: int | None = None  # None: unlimited
     tokens_per_minute: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What an admission reserved; it rides on the queued request, and whoever ends the request
+    (its worker, or the admission itself when the enqueue fails) releases it."""
+
+    window: int  # the UTC minute the tokens were counted in
+    tokens: int  # prompt + max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +117,7 @@ class Decision:
     reset_ms: int  # until the token window rolls over
 
 
-def reserve_args(limit: ClassLimit, request_id: str, tokens: int, lease_s: float) -> list[Any]:
+def reserve_args(limit: PriorityLimit, request_id: str, tokens: int, lease_s: float) -> list[Any]:
     return [
         UNLIMITED if limit.max_concurrency is None else limit.max_concurrency,
         UNLIMITED if limit.tokens_per_minute is None else limit.tokens_per_minute,
@@ -123,15 +135,15 @@ def decision(raw: list) -> Decision:
 
 
 def release_call(
-    tenant_id: str, priority: str, request_id: str, reservation: dict[str, int], used: int
+    tenant_id: str, priority: str, request_id: str, reservation: Reservation, used: int
 ) -> tuple[str, int, str, str, str, int]:
     """Arguments for `redis.eval(*release_call(...))`; works on a pipeline too."""
-    refund = max(0, int(reservation["tokens"]) - used)
+    refund = max(0, reservation.tokens - used)
     return (
         RELEASE_SCRIPT,
         2,
         running_key(tenant_id, priority),
-        window_key(tenant_id, priority, int(reservation["window"])),
+        window_key(tenant_id, priority, reservation.window),
         request_id,
         refund,
     )

@@ -1,4 +1,4 @@
-# Finance queries over the raw usage rows: invoice lines grouped by day, model, class and/or
+# Finance queries over the raw usage rows: invoice lines grouped by day, model, priority and/or
 # tenant, with the per-kind costs recorded on each row summed (so totals match the raw rows).
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from metering.models import Tenant, UsageRecord
 from metering.pricing import format_micros
 
-GROUPS = ("day", "model", "class", "tenant")
+GROUPS = ("day", "model", "priority", "tenant")
 METRICS = (
     "requests", "prompt_tokens", "cached_tokens", "completion_tokens",
     "input_cost_micros", "cached_input_cost_micros", "output_cost_micros", "cost_micros",
@@ -38,7 +38,7 @@ def usage_lines(
     columns = {
         "day": func.date(func.timezone("UTC", u.created_at)).label("day"),
         "model": u.model.label("model"),
-        "class": u.priority.label("class"),
+        "priority": u.priority.label("priority"),
         "tenant": Tenant.name.label("tenant"),
     }
     keys = [columns[g] for g in group_by]

@@ -11,8 +11,7 @@ from sqlalchemy.orm import Session
 
 from metering.keys import create_api_key
 from metering.models import ApiKey, Tenant, TenantLimit
-
-PRIORITIES = ("interactive", "batch")
+from metering.ratelimit import PRIORITIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +55,7 @@ def set_limits(
 ) -> None:
     """Sets the given fields (None: unlimited), leaving the others as they are."""
     if priority not in PRIORITIES:
-        raise TenantError(f"class must be one of {PRIORITIES}")
+        raise TenantError(f"priority must be one of {PRIORITIES}")
     values = {
         k: v
         for k, v in (("max_concurrency", max_concurrency), ("tokens_per_minute", tokens_per_minute))

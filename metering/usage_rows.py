@@ -1,5 +1,5 @@
-# Stream records (string fields on fleetlm:metering) → usage_records rows with prices applied,
-# and the daily rollup refresh. Worker busy records share the stream (field kind=worker_busy).
+# Writing the decoded records (metering/records.py): usage_records rows with the prices in force
+# applied, worker_busy rows, and the daily rollup refresh.
 from __future__ import annotations
 
 import uuid
@@ -13,57 +13,8 @@ from sqlalchemy.orm import Session
 from metering.models import UsageDaily, UsageRecord, WorkerBusy
 from metering.pricing import PriceSet, price_request, prices_in_force
 
-BUSY_KIND = "worker_busy"
 # Serialises rollup refreshes: a refresh that waited sees every row committed before it.
 ROLLUP_LOCK = 0x666C6D_726F6C6C  # "flm" "roll"
-
-
-def _ms(value: str | None) -> float | None:
-    return float(value) if value not in (None, "") else None
-
-
-def _ts(value: str) -> datetime:
-    return datetime.fromtimestamp(float(value), UTC)
-
-
-def usage_row(fields: dict[str, str]) -> dict[str, Any]:
-    """Raises ValueError/KeyError for a malformed record (it goes to the dead-letter stream)."""
-    key_id = fields.get("key_id") or None
-    return {
-        "request_id": fields["request_id"],
-        "tenant_id": uuid.UUID(fields["tenant_id"]),
-        "key_id": uuid.UUID(key_id) if key_id else None,
-        "model": fields["model"],
-        "priority": fields["priority"],
-        "endpoint": fields["endpoint"],
-        "batch_id": fields.get("batch_id") or None,
-        "status": fields["status"],
-        "finish_reason": fields["finish_reason"],
-        "error": fields.get("error") or None,
-        "prompt_tokens": int(fields["prompt_tokens"]),
-        "cached_tokens": int(fields.get("cached_tokens") or 0),
-        "completion_tokens": int(fields["completion_tokens"]),
-        "preemptions": int(fields.get("preemptions") or 0),
-        "spec_proposed_tokens": int(fields.get("spec_proposed_tokens") or 0),
-        "spec_accepted_tokens": int(fields.get("spec_accepted_tokens") or 0),
-        "queue_ms": _ms(fields.get("queue_ms")),
-        "ttft_ms": _ms(fields.get("ttft_ms")),
-        "tpot_ms": _ms(fields.get("tpot_ms")),
-        "e2e_ms": _ms(fields.get("e2e_ms")),
-        "worker_id": fields.get("worker_id") or None,
-        "created_at": _ts(fields["enqueued_at"]),
-        "finished_at": _ts(fields["finished_at"]),
-    }
-
-
-def busy_row(fields: dict[str, str]) -> dict[str, Any]:
-    return {
-        "worker_id": fields["worker_id"],
-        "interval_start": _ts(fields["interval_start"]),
-        "interval_s": int(fields["interval_s"]),
-        "busy_ms": int(fields["busy_ms"]),
-        "num_steps": int(fields["num_steps"]),
-    }
 
 
 def apply_prices(session: Session, rows: list[dict[str, Any]]) -> None:

@@ -21,20 +21,12 @@ import redis
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from metering.db import make_engine, make_sessionmaker, transaction
-from metering.usage_rows import (
-    BUSY_KIND,
-    apply_prices,
-    busy_row,
-    insert_busy,
-    insert_usage,
-    refresh_rollups,
-    usage_row,
-)
+from metering.records import METERING_STREAM, BusyRecord, decode_record
+from metering.usage_rows import apply_prices, insert_busy, insert_usage, refresh_rollups
 
 log = logging.getLogger("fleetlm.metering")
 
-STREAM = "fleetlm:metering"
-DEAD_LETTER_STREAM = "fleetlm:metering:dead"
+DEAD_LETTER_STREAM = f"{METERING_STREAM}:dead"
 GROUP = "metering"
 
 Entry = tuple[str, dict[str, str] | None]
@@ -73,7 +65,7 @@ class MeteringWriter:
 
     def ensure_group(self) -> None:
         try:
-            self.redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+            self.redis.xgroup_create(METERING_STREAM, GROUP, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -96,14 +88,19 @@ class MeteringWriter:
 
     def _read_group(self, start: str, block_ms: int | None = None) -> list[Entry]:
         resp = self.redis.xreadgroup(
-            GROUP, self.consumer, {STREAM: start}, count=self.batch_size, block=block_ms
+            GROUP, self.consumer, {METERING_STREAM: start}, count=self.batch_size, block=block_ms
         )
         return [e for _, entries in resp or [] for e in entries]
 
     def _claim_dead(self) -> list[Entry]:
         self._last_claim = time.monotonic()
         cursor, claimed, *_ = self.redis.xautoclaim(
-            STREAM, GROUP, self.consumer, self.claim_idle_ms, self._claim_cursor, self.batch_size
+            METERING_STREAM,
+            GROUP,
+            self.consumer,
+            self.claim_idle_ms,
+            self._claim_cursor,
+            self.batch_size,
         )
         self._claim_cursor = cursor
         if claimed:
@@ -113,45 +110,51 @@ class MeteringWriter:
     def _read(self, entries: list[Entry]) -> list[Entry]:
         gone = [i for i, fields in entries if not fields]  # deleted while pending
         if gone:
-            self.redis.xack(STREAM, GROUP, *gone)
+            self.redis.xack(METERING_STREAM, GROUP, *gone)
         return [(i, f) for i, f in entries if f]
 
     # -- the unit of work: one transaction, then XACK -------------------------------------
 
     def write(self, entries: list[Entry]) -> None:
-        usage, busy, dead = [], [], []
+        usage, busy = [], []
+        dead: list[tuple[str, dict[str, str], str | None, str]] = []  # entry, fields, request, why
+        by_request: dict[str, tuple[str, dict[str, str]]] = {}
         for entry_id, fields in entries:
             try:
-                if fields.get("kind") == BUSY_KIND:
-                    busy.append(busy_row(fields))
-                else:
-                    usage.append(usage_row(fields))
-            except (KeyError, ValueError) as exc:
-                dead.append((entry_id, fields, f"malformed record: {exc!r}"))
+                record = decode_record(fields)
+                row = record.row()
+            except (KeyError, ValueError, TypeError) as exc:
+                dead.append((entry_id, fields, None, f"malformed record: {exc!r}"))
+                continue
+            if isinstance(record, BusyRecord):
+                busy.append(row)
+            else:
+                usage.append(row)
+                by_request[record.request_id] = (entry_id, fields)
         try:
             self._commit(usage, busy)
         except (IntegrityError, DataError):
             # One bad row must not block the stream: write row by row, dead-letter the rest.
-            by_request = {f.get("request_id"): (i, f) for i, f in entries}
             for row in usage:
                 try:
                     self._commit([row], [])
                 except (IntegrityError, DataError) as exc:
                     entry_id, fields = by_request[row["request_id"]]
-                    dead.append((entry_id, fields, f"rejected by the database: {exc.orig!r}"))
+                    reason = f"rejected by the database: {exc.orig!r}"
+                    dead.append((entry_id, fields, row["request_id"], reason))
             self._commit([], busy)
         if dead:
             pipe = self.redis.pipeline()
-            for entry_id, fields, reason in dead:
+            for entry_id, fields, request_id, reason in dead:
                 log.error(
                     "metering record %s dead-lettered: %s",
                     entry_id,
                     reason,
-                    extra={"request_id": fields.get("request_id")},
+                    extra={"request_id": request_id},
                 )
                 pipe.xadd(DEAD_LETTER_STREAM, {**fields, "dead_reason": reason})
             pipe.execute()
-        self.redis.xack(STREAM, GROUP, *[i for i, _ in entries])
+        self.redis.xack(METERING_STREAM, GROUP, *[i for i, _ in entries])
         if log.isEnabledFor(logging.DEBUG):
             for row in usage:
                 log.debug("usage record written", extra={"request_id": row["request_id"]})
@@ -179,19 +182,19 @@ class MeteringWriter:
     def trim(self) -> int:
         """Drops acknowledged entries older than retain_s; keeps pending and undelivered ones."""
         bound = (int(time.time() * 1000) - self.retain_ms, 0)
-        for group in self.redis.xinfo_groups(STREAM):
+        for group in self.redis.xinfo_groups(METERING_STREAM):
             last = group["last-delivered-id"]
             bound = min(bound, (_id(last)[0], _id(last)[1] + 1))
             if group["pending"]:
-                pending = self.redis.xpending(STREAM, group["name"])
+                pending = self.redis.xpending(METERING_STREAM, group["name"])
                 bound = min(bound, _id(pending["min"]))
-        return self.redis.xtrim(STREAM, minid=f"{bound[0]}-{bound[1]}", approximate=False)
+        return self.redis.xtrim(METERING_STREAM, minid=f"{bound[0]}-{bound[1]}", approximate=False)
 
     # -- the process ---------------------------------------------------------------------
 
     def run(self, stop: threading.Event, block_ms: int = 1000, retry_s: float = 1.0) -> None:
         self.ensure_group()
-        log.info("metering writer %s consuming %s", self.consumer, STREAM)
+        log.info("metering writer %s consuming %s", self.consumer, METERING_STREAM)
         while not stop.is_set():
             try:
                 self.step(block_ms)

@@ -1,6 +1,11 @@
 # Shared test setup. Triton runs in interpreter mode on CPU-only machines; the variable must be
-# set before anything imports triton.
+# set before anything imports triton. The embedded Redis and PostgreSQL (the schema built by the
+# migrations) serve every in-process test that needs them: tests/metering, tests/service,
+# tests/api and tests/workers.
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,3 +21,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def services():
+    from fleetlm.migrate_cmd import upgrade
+    from service.embedded import EmbeddedServices
+
+    # Not under pytest's basetemp: any concurrent pytest session chmods /tmp/pytest-of-<user>
+    # to 0700, which locks out the unprivileged user pgserver runs Postgres as (when root).
+    root = Path(tempfile.mkdtemp(prefix="fleetlm-services-"))
+    svc = EmbeddedServices(root / "data")
+    svc.start(redis=True, postgres=True)
+    try:
+        upgrade(svc.database_url)
+        yield svc
+    finally:
+        svc.stop()
+        shutil.rmtree(root, ignore_errors=True)

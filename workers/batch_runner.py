@@ -12,26 +12,31 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 from datetime import timedelta
 from typing import Any
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker, undefer
+from sqlalchemy.orm import Session, sessionmaker
 
-from api.errors import event_error
-from api.schemas.models import ModelCard
-from api.schemas.sampling import Usage
-from fleetlm.settings import Settings
+from metering import batch_requests as batch_lines
 from metering.batch_input import MalformedFile, parse_batch_file
-from metering.batch_models import Batch, BatchRequest, StoredFile
-from metering.batches import ACTIVE, FINAL, now
-from metering.files import create_file
+from metering.batch_models import Batch, BatchRequest
+from metering.batches import ACTIVE, FINAL, lock_for_pump, now, rearm_stale_pumps
+from metering.files import create_file, get_file
+from metering.keys import principal_of_key
 from metering.ratelimit import release_call
+from metering.records import usage_counts
+from service import streams as p
+from service.errors import event_error
+from service.events import FINAL_EVENTS, Event, decode_event
+from service.queued_request import QueuedRequest
+from service.schemas.chat import ChatFormatter
+from service.schemas.completions import CompletionFormatter
+from service.schemas.models import ModelCard
+from service.schemas.sampling import Usage
+from service.settings import Settings
 from workers import batch_admission as ba
-from workers import protocol as p
 
 log = logging.getLogger("fleetlm.batches")
 
@@ -66,9 +71,7 @@ class Runner:
         """One step; True while the batch needs another."""
         done_streams: list[str] = []
         with self.sessions() as session, session.begin():
-            batch = session.scalar(
-                select(Batch).where(Batch.id == batch_id).with_for_update(skip_locked=True)
-            )
+            batch = lock_for_pump(session, batch_id)
             if batch is None or batch.pump_token != token or batch.status in FINAL:
                 return False  # another pump holds it, or this chain was superseded
             batch.pumped_at = now()
@@ -83,10 +86,10 @@ class Runner:
                 else:
                     self._fan_out(session, batch)
                 self._count(session, batch)
-                if not self._num(session, batch, "queued") and (
+                if not batch_lines.count_in_state(session, batch, "queued") and (
                     batch.status == "cancelling"
                     or batch.expiring
-                    or not self._num(session, batch, "pending")
+                    or not batch_lines.count_in_state(session, batch, "pending")
                 ):
                     if batch.status == "in_progress":
                         batch.status, batch.finalizing_at = "finalizing", now()
@@ -103,28 +106,18 @@ class Runner:
         """Beat: re-arms the pump of every active batch whose pump went silent (a lost task, a
         killed worker); returns the (batch id, token) pairs to send."""
         stale = now() - timedelta(seconds=self.settings.batch_stale_s)
-        armed = []
         with self.sessions() as session, session.begin():
-            query = select(Batch).where(Batch.status.in_(ACTIVE)).with_for_update(skip_locked=True)
-            for batch in session.scalars(query):
-                if (batch.pumped_at or batch.created_at) < stale:
-                    batch.pump_token = secrets.token_hex(8)
-                    armed.append((batch.id, batch.pump_token))
-        return armed
+            return rearm_stale_pumps(session, stale)
 
     # -- steps ------------------------------------------------------------------------------
 
     def _validate(self, session: Session, batch: Batch) -> None:
-        f = session.scalar(
-            select(StoredFile)
-            .where(StoredFile.id == batch.input_file_id, StoredFile.tenant_id == batch.tenant_id)
-            .options(undefer(StoredFile.content))
-        )
+        f = get_file(session, batch.tenant_id, batch.input_file_id, with_content=True)
         try:
-            if f is None or f.deleted_at is not None:
+            if f is None:
                 raise MalformedFile(f"the input file {batch.input_file_id} no longer exists")
-            lines = parse_batch_file(f.content, self.settings.batch_max_lines)
-            for line in lines:
+            parsed = parse_batch_file(f.content, self.settings.batch_max_lines)
+            for line in parsed:
                 if line.url != batch.endpoint:
                     raise MalformedFile(
                         f"line {line.line_no}: url {line.url} differs from the batch's "
@@ -136,51 +129,28 @@ class Runner:
             error = {"code": "invalid_file", "message": str(exc), "param": None, "line": exc.line}
             batch.errors = [error]
             return
-        session.add_all(
-            BatchRequest(
-                batch_id=batch.id,
-                line_no=line.line_no,
-                custom_id=line.custom_id,
-                request_id=f"batch_req_{secrets.token_hex(12)}",
-                body=line.body,
-                state="pending",
-            )
-            for line in lines
-        )
-        batch.total = len(lines)
+        batch_lines.add_lines(session, batch, parsed)
+        batch.total = len(parsed)
         batch.status, batch.in_progress_at = "in_progress", now()
 
-    def _rows(self, session: Session, batch: Batch, state: str, limit: int | None = None):
-        query = (
-            select(BatchRequest)
-            .where(BatchRequest.batch_id == batch.id, BatchRequest.state == state)
-            .order_by(BatchRequest.line_no)
-        )
-        return list(session.scalars(query.limit(limit) if limit else query))
-
-    def _num(self, session: Session, batch: Batch, state: str) -> int:
-        return session.scalar(
-            select(func.count())
-            .select_from(BatchRequest)
-            .where(BatchRequest.batch_id == batch.id, BatchRequest.state == state)
-        )
-
     def _fan_out(self, session: Session, batch: Batch) -> None:
-        room = self.settings.batch_max_inflight - self._num(session, batch, "queued")
+        room = self.settings.batch_max_inflight - batch_lines.count_in_state(
+            session, batch, "queued"
+        )
         if room <= 0:
             return
-        rows = self._rows(session, batch, "pending", room)
+        rows = batch_lines.lines_in_state(session, batch, "pending", room)
         if rows:
             asyncio.run(self._admit_all(session, batch, rows))
 
     async def _admit_all(self, session: Session, batch: Batch, rows: list[BatchRequest]) -> None:
         client = AsyncRedis.from_url(self.redis_url, decode_responses=True)
-        state = ba.AdmissionState(self.settings, client, self.tokenizer, self.model_card)
-        principal = ba.load_principal(session, batch.tenant_id, batch.key_id)
+        context = ba.BatchAdmissionContext(self.settings, client, self.tokenizer, self.model_card)
+        principal = principal_of_key(session, batch.tenant_id, batch.key_id)
         try:
             for row in rows:
                 result = await ba.admit(
-                    state, principal, batch.endpoint, row.body, row.request_id, batch.id
+                    context, principal, batch.endpoint, row.body, row.request_id, batch.id
                 )
                 if isinstance(result, ba.Later):
                     break  # the tenant's batch limits or the queue are full: next pump
@@ -196,7 +166,7 @@ class Runner:
             await client.aclose()
 
     def _collect(self, session: Session, batch: Batch) -> list[str]:
-        rows = self._rows(session, batch, "queued")
+        rows = batch_lines.lines_in_state(session, batch, "queued")
         if not rows:
             return []
         pipe = self.redis.pipeline(transaction=False)
@@ -204,22 +174,19 @@ class Runner:
             pipe.xrevrange(p.output_key(row.request_id), count=1)
         done = []
         for row, last in zip(rows, pipe.execute()):
-            if not last or p.decode_event(last[0][1])["type"] not in p.FINAL_EVENTS:
+            if not last or decode_event(last[0][1])["type"] not in FINAL_EVENTS:
                 continue
-            events = [p.decode_event(f) for _, f in self.redis.xrange(p.output_key(row.request_id))]
+            events = [decode_event(f) for _, f in self.redis.xrange(p.output_key(row.request_id))]
             self._record(batch, row, events)
             done.append(row.request_id)
         return done
 
-    def _record(self, batch: Batch, row: BatchRequest, events: list[dict[str, Any]]) -> None:
-        from api.routes.chat import ChatFormatter
-        from api.routes.completions import CompletionFormatter
-
+    def _record(self, batch: Batch, row: BatchRequest, events: list[Event]) -> None:
         final = events[-1]
-        usage = final.get("usage") or {}
-        row.prompt_tokens = int(usage.get("prompt_tokens", 0))
-        row.cached_tokens = int(usage.get("cached_tokens", 0))
-        row.completion_tokens = int(usage.get("completion_tokens", 0))
+        usage = usage_counts(final.get("usage"))
+        row.prompt_tokens = usage["prompt_tokens"]
+        row.cached_tokens = usage["cached_tokens"]
+        row.completion_tokens = usage["completion_tokens"]
         if final["type"] == "error":
             err = event_error(final)
             row.state, row.status_code, row.response = "failed", err.status, err.body()
@@ -230,11 +197,11 @@ class Runner:
             fmt = ChatFormatter(row.request_id, model, "flex")
         else:
             fmt = CompletionFormatter(row.request_id, model)
-        body = fmt.response(text, final["finish_reason"], Usage.from_event(usage))
+        body = fmt.response(text, final["finish_reason"], Usage.from_counts(usage))
         row.state, row.status_code, row.response = "done", 200, body
 
     def _drop_queued(self, session: Session, batch: Batch) -> None:
-        rows = self._rows(session, batch, "queued")
+        rows = batch_lines.lines_in_state(session, batch, "queued")
         ttl = self.settings.output_ttl_s
         for row in rows:
             self.redis.set(p.cancel_key(row.request_id), "1", ex=ttl)
@@ -242,42 +209,27 @@ class Runner:
             if raw is None:
                 continue  # a worker holds it: its final event comes once the cancel lands
             if raw:
-                q = p.QueuedRequest.decode(raw)
-                reservation = q.extra.get("reservation")
-                if reservation is not None:
+                q = QueuedRequest.decode(raw)
+                if q.reservation is not None:
                     self.redis.eval(
-                        *release_call(q.tenant_id, q.priority, q.request_id, reservation, 0)
+                        *release_call(q.tenant_id, q.priority, q.request_id, q.reservation, 0)
                     )
             row.state = "dropped"
 
     def _count(self, session: Session, batch: Batch) -> None:
-        sums = session.execute(
-            select(
-                BatchRequest.state,
-                func.count(),
-                func.coalesce(func.sum(BatchRequest.prompt_tokens), 0),
-                func.coalesce(func.sum(BatchRequest.cached_tokens), 0),
-                func.coalesce(func.sum(BatchRequest.completion_tokens), 0),
-            )
-            .where(BatchRequest.batch_id == batch.id)
-            .group_by(BatchRequest.state)
-        ).all()
-        by_state = {s: (n, i, c, o) for s, n, i, c, o in sums}
-        batch.completed = by_state.get("done", (0,))[0]
-        batch.failed = by_state.get("failed", (0,))[0]
+        by_state = batch_lines.totals_by_state(session, batch)
+        none = batch_lines.StateTotals()
+        batch.completed = by_state.get("done", none).lines
+        batch.failed = by_state.get("failed", none).lines
         if batch.expiring:
-            batch.failed += by_state.get("dropped", (0,))[0]
-        batch.input_tokens = sum(v[1] for v in by_state.values())
-        batch.cached_tokens = sum(v[2] for v in by_state.values())
-        batch.output_tokens = sum(v[3] for v in by_state.values())
+            batch.failed += by_state.get("dropped", none).lines
+        batch.input_tokens = sum(t.prompt_tokens for t in by_state.values())
+        batch.cached_tokens = sum(t.cached_tokens for t in by_state.values())
+        batch.output_tokens = sum(t.completion_tokens for t in by_state.values())
 
     def _finalize(self, session: Session, batch: Batch) -> None:
         out, err = [], []
-        for row in session.scalars(
-            select(BatchRequest)
-            .where(BatchRequest.batch_id == batch.id)
-            .order_by(BatchRequest.line_no)
-        ):
+        for row in batch_lines.all_lines(session, batch):
             line: dict[str, Any] = {"id": row.request_id, "custom_id": row.custom_id}
             if row.state in ("done", "failed"):
                 response = {

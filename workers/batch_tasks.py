@@ -1,24 +1,33 @@
 # Celery tasks for batch jobs: thin, idempotent, they take ids; the work is workers/batch_runner.
+# The Celery worker command binds the settings (with the resolved Redis and Postgres URLs) before
+# the worker starts; the runner is built on first use, in the process that runs the tasks.
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
-from workers.celery_app import app
+from metering.db import make_engine, make_sessionmaker
+from service.celery_app import ADVANCE_TASK, SWEEP_TASK, app
+from service.settings import Settings
+from workers.batch_runner import Runner
+
+_bound: dict[str, Settings] = {}
+
+
+def bind(settings: Settings) -> None:
+    if not (settings.redis_url and settings.database_url):
+        raise ValueError("the batch tasks need both URLs resolved")
+    _bound["settings"] = settings
+    runner.cache_clear()
 
 
 @lru_cache(maxsize=1)
-def runner():
-    from fleetlm.settings import get_settings
-    from metering.db import make_engine, make_sessionmaker
-    from workers.batch_runner import Runner
-
-    settings = get_settings()
-    sessions = make_sessionmaker(make_engine(os.environ["DATABASE_URL"]))
-    return Runner(settings, sessions, os.environ["REDIS_URL"])
+def runner() -> Runner:
+    settings = _bound["settings"]
+    sessions = make_sessionmaker(make_engine(settings.database_url))
+    return Runner(settings, sessions, settings.redis_url)
 
 
-@app.task(name="fleetlm.batches.advance")
+@app.task(name=ADVANCE_TASK)
 def advance(batch_id: str, token: str) -> None:
     """One pump of the batch; re-schedules itself while the batch is active."""
     r = runner()
@@ -26,7 +35,7 @@ def advance(batch_id: str, token: str) -> None:
         advance.apply_async((batch_id, token), countdown=r.settings.batch_pump_interval_s)
 
 
-@app.task(name="fleetlm.batches.sweep")
+@app.task(name=SWEEP_TASK)
 def sweep() -> None:
     """Beat: re-arms silent pumps (which also notice expired windows)."""
     for batch_id, token in runner().sweep():

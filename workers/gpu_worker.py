@@ -15,15 +15,25 @@ import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from fleetlm.settings import Settings
+from engine import LLMEngine, SamplingParams
 from metering.ratelimit import release_call
-from workers import protocol as p
+from metering.records import encode_record, usage_counts
+from service import streams as p
+from service.events import (
+    DeltaEvent,
+    DoneEvent,
+    ErrorEvent,
+    decode_event,
+    encode_event,
+    error_event,
+)
+from service.queued_request import QueuedRequest
+from service.settings import Settings
 from workers.metrics import WorkerMetrics
 from workers.step_timing import StepTiming
 from workers.usage import BusyMeter, usage_record
@@ -33,7 +43,7 @@ log = logging.getLogger("fleetlm.worker")
 
 @dataclass(slots=True)
 class Inflight:
-    req: p.QueuedRequest
+    req: QueuedRequest
     queue: str
     entry_id: str
     published: bool = False  # any output event sent: from then on it can no longer be re-run
@@ -60,23 +70,7 @@ def build_engine(settings: Settings) -> LLMEngine:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
-    return LLMEngine(
-        EngineConfig(
-            model=settings.model,
-            dtype=settings.dtype,
-            device=settings.device,
-            block_size=settings.block_size,
-            num_kv_blocks=settings.num_kv_blocks,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            max_model_len=settings.resolved_max_model_len(),
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            max_num_seqs=settings.max_num_seqs,
-            enable_prefix_caching=settings.enable_prefix_caching,
-            speculative_method=settings.speculative_method,
-            num_speculative_tokens=settings.num_speculative_tokens,
-            draft_model=settings.draft_model,
-        )
-    )
+    return LLMEngine(settings.engine_config())
 
 
 class GpuWorker:
@@ -88,7 +82,7 @@ class GpuWorker:
         self.engine = build_engine(settings)
         self.inflight: dict[str, Inflight] = {}
         self._lock = threading.Lock()  # guards `inflight` against the heartbeat thread
-        self._failed: list[tuple[Inflight, dict]] = []  # (request, final error event)
+        self._failed: list[tuple[Inflight, ErrorEvent]] = []  # (request, final error event)
         self.stopping = threading.Event()
         # Drain (SIGTERM): read no new work, hand back the unstarted, let the rest finish until
         # drain_timeout_s, then stop as usual.
@@ -109,7 +103,7 @@ class GpuWorker:
     # -- lifecycle -----------------------------------------------------------------------
 
     def run(self) -> None:
-        for priority in p.PRIORITY_CLASSES:
+        for priority in p.PRIORITIES:
             try:
                 self.redis.xgroup_create(p.queue_key(priority), p.GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
@@ -362,7 +356,7 @@ class GpuWorker:
         if not fields or "r" not in fields:  # deleted while pending
             self.redis.xack(queue, p.GROUP, entry_id)
             return
-        req = p.QueuedRequest.decode(fields["r"])
+        req = QueuedRequest.decode(fields["r"])
         if req.request_id in self.inflight:
             return
         f = Inflight(req, queue, entry_id)
@@ -372,7 +366,7 @@ class GpuWorker:
             self.engine.add_request(
                 req.request_id,
                 req.prompt_token_ids,
-                SamplingParams(**req.sampling),
+                SamplingParams(**asdict(req.sampling)),
                 priority=req.priority,
                 arrival_time=req.enqueued_at,
                 cache_salt=req.tenant_id,  # prefix-cache hits never cross tenants
@@ -386,18 +380,17 @@ class GpuWorker:
             if not fields or "r" not in fields:
                 self.redis.xack(queue, p.GROUP, entry_id)
                 continue
-            req = p.QueuedRequest.decode(fields["r"])
+            req = QueuedRequest.decode(fields["r"])
             last = self.redis.xrevrange(p.output_key(req.request_id), count=1)
             if last:
                 f = Inflight(req, queue, entry_id, published=True)
                 with self._lock:
                     self.inflight[req.request_id] = f
                 event = self._error_event("the worker running this request stopped", "worker_lost")
-                n = p.decode_event(last[0][1]).get("completion_tokens", 0)
-                event["usage"] = {
-                    "prompt_tokens": len(req.prompt_token_ids),
-                    "completion_tokens": n,
-                }
+                n = decode_event(last[0][1]).get("completion_tokens", 0)
+                event["usage"] = usage_counts(
+                    {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n}
+                )
                 self._failed.append((f, event))
             else:
                 log.info("re-running %s from a dead worker", req.request_id)
@@ -409,56 +402,64 @@ class GpuWorker:
         f = self.inflight.get(delta.request_id)
         if f is None:
             return
-        usage = {
-            "prompt_tokens": delta.usage.prompt_tokens,
-            "cached_tokens": delta.usage.cached_tokens,
-            "completion_tokens": delta.usage.completion_tokens,
-            "preemptions": delta.usage.preemptions,
-            "spec_proposed_tokens": delta.usage.spec_proposed_tokens,
-            "spec_accepted_tokens": delta.usage.spec_accepted_tokens,
-        }
         if not delta.finished:
-            event = {"type": "delta", "text": delta.new_text, "worker": self.worker_id}
-            event["completion_tokens"] = delta.usage.completion_tokens
+            event: DeltaEvent = {
+                "type": "delta",
+                "text": delta.new_text,
+                "worker": self.worker_id,
+                "completion_tokens": delta.usage.completion_tokens,
+            }
             key = p.output_key(delta.request_id)
-            pipe.xadd(key, p.encode_event(event))
+            pipe.xadd(key, encode_event(event))
             pipe.expire(key, self._output_ttl(f.req))
             f.published = True
             return
+        usage = usage_counts(asdict(delta.usage))
         reason = delta.finish_reason
+        final: DoneEvent | ErrorEvent
         if reason in ("stop", "length"):
-            event = {"type": "done", "text": delta.new_text, "finish_reason": reason}
-        elif reason == "abort":
-            event = self._error_event("request cancelled", "cancelled")
-            event["text"] = delta.new_text
+            final = {
+                "type": "done",
+                "text": delta.new_text,
+                "worker": self.worker_id,
+                "finish_reason": reason,
+                "usage": usage,
+            }
         else:
-            event = self._error_event(delta.error or "the engine failed", "engine_error")
-            event["text"] = delta.new_text
-        event["usage"] = usage
-        self._finish(pipe, f, event, delta)
+            if reason == "abort":
+                final = error_event("request cancelled", "cancelled")
+            else:
+                final = error_event(delta.error or "the engine failed", "engine_error")
+            final |= {"text": delta.new_text, "usage": usage}
+        self._finish(pipe, f, final, delta)
 
-    def _output_ttl(self, req: p.QueuedRequest) -> int:
+    def _output_ttl(self, req: QueuedRequest) -> int:
         # A batch line's output waits for the batch pump (which deletes it), not a live client.
         return self.settings.batch_output_ttl_s if req.batch_id else self.settings.output_ttl_s
 
-    def _error_event(self, message: str, code: str) -> dict[str, Any]:
-        return {"type": "error", "message": message, "code": code}
+    def _error_event(self, message: str, code: str) -> ErrorEvent:
+        return error_event(message, code)
 
     def _finish(
-        self, pipe: redis.client.Pipeline, f: Inflight, event: dict, delta: Any = None
+        self,
+        pipe: redis.client.Pipeline,
+        f: Inflight,
+        event: DoneEvent | ErrorEvent,
+        delta: Any = None,
     ) -> None:
         """The final event, the usage record and the XACK of one request, in one pipeline."""
         req = f.req
         event["worker"] = self.worker_id
         key = p.output_key(req.request_id)
-        pipe.xadd(key, p.encode_event(event))
+        pipe.xadd(key, encode_event(event))
         pipe.expire(key, self._output_ttl(req))
-        record = usage_record(f.req, event, delta, self.worker_id)
-        pipe.xadd(p.METERING_STREAM, record)
-        reservation = req.extra.get("reservation")
-        if reservation is not None:  # idempotent: releases the slot and refunds once
-            used = int(record["prompt_tokens"]) + int(record["completion_tokens"])
-            pipe.eval(*release_call(req.tenant_id, req.priority, req.request_id, reservation, used))
+        record = usage_record(req, event, delta, self.worker_id)
+        pipe.xadd(p.METERING_STREAM, encode_record(record))
+        if req.reservation is not None:  # idempotent: releases the slot and refunds once
+            used = record.counts["prompt_tokens"] + record.counts["completion_tokens"]
+            pipe.eval(
+                *release_call(req.tenant_id, req.priority, req.request_id, req.reservation, used)
+            )
         pipe.xack(f.queue, p.GROUP, f.entry_id)
         pipe.xdel(f.queue, f.entry_id)
         with self._lock:
@@ -468,7 +469,7 @@ class GpuWorker:
             extra={
                 "request_id": req.request_id,
                 "tenant_id": req.tenant_id,
-                "status": record["status"],
-                "completion_tokens": int(record["completion_tokens"]),
+                "status": record.status,
+                "completion_tokens": record.counts["completion_tokens"],
             },
         )

@@ -1,9 +1,9 @@
 # GET /health (the process answers), GET /ready (Redis, Postgres and at least one live worker)
 from __future__ import annotations
 
-import asyncio
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
@@ -18,8 +18,19 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
+def database_ok(state: State) -> bool:
+    """Postgres answers (a sync dependency: FastAPI runs it in its threadpool)."""
+    try:
+        with state.db.connect() as conn:
+            return conn.execute(text("SELECT 1")).scalar() == 1
+    except Exception:
+        return False
+
+
 @router.get("/ready")
-async def ready(state: State, request: Request) -> JSONResponse:
+async def ready(
+    state: State, request: Request, database: Annotated[bool, Depends(database_ok)]
+) -> JSONResponse:
     if request.app.state.drain.draining:
         return JSONResponse({"status": "draining"}, 503)
     checks: dict[str, bool | int] = {}
@@ -29,13 +40,6 @@ async def ready(state: State, request: Request) -> JSONResponse:
     except Exception:
         checks["redis"], checks["workers"] = False, 0
 
-    def ping_db() -> bool:
-        with state.db.connect() as conn:
-            return conn.execute(text("SELECT 1")).scalar() == 1
-
-    try:
-        checks["database"] = await asyncio.to_thread(ping_db)
-    except Exception:
-        checks["database"] = False
+    checks["database"] = database
     ok = checks["redis"] and checks["database"] and checks["workers"] > 0
     return JSONResponse({"status": "ready" if ok else "not ready", **checks}, 200 if ok else 503)

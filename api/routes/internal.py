@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from api.deps import AdminPrincipal, State
 from api.relay import live_workers
-from workers import protocol as p
+from service import streams as p
 
 router = APIRouter(tags=["internal"])
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.admission import check_model
 from api.deps import CurrentPrincipal, State
-from api.schemas.models import ModelCard, ModelList
+from service.prepare import check_model
+from service.schemas.models import ModelCard, ModelList
 
 router = APIRouter(tags=["models"])
 

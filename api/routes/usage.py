@@ -2,7 +2,6 @@
 # tenant only, an admin key may name any tenant with ?tenant=.
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
@@ -10,18 +9,18 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from api.auth import forbidden
-from api.deps import CurrentPrincipal, State
-from api.errors import APIError
+from api.deps import CurrentPrincipal, SessionDep
 from api.schemas.usage import UsageQuery, UsageResponse
 from metering.reports import to_csv, usage_lines
 from metering.tenants import TenantError, tenant_by_name
+from service.errors import APIError
 
 router = APIRouter(tags=["usage"])
 
 
 @router.get("/v1/usage", response_model=None)
-async def get_usage(
-    state: State, principal: CurrentPrincipal, query: Annotated[UsageQuery, Query()]
+def get_usage(
+    session: SessionDep, principal: CurrentPrincipal, query: Annotated[UsageQuery, Query()]
 ) -> UsageResponse | Response:
     other = query.tenant is not None and query.tenant != principal.tenant_name
     if other and not principal.is_admin:
@@ -34,15 +33,11 @@ async def get_usage(
     name = query.tenant or principal.tenant_name
     groups = (query.group_by,)
 
-    def read() -> list[dict]:
-        with state.sessions() as session:
-            tenant = tenant_by_name(session, name)
-            return usage_lines(session, start=start, end=end, group_by=groups, tenant_id=tenant.id)
-
     try:
-        lines = await asyncio.to_thread(read)
+        tenant = tenant_by_name(session, name)
     except TenantError as exc:
         raise APIError(404, str(exc), param="tenant", code="tenant_not_found") from exc
+    lines = usage_lines(session, start=start, end=end, group_by=groups, tenant_id=tenant.id)
     if query.format == "csv":
         return Response(to_csv(lines, groups), media_type="text/csv")
     return UsageResponse(

@@ -10,24 +10,9 @@ from pydantic import BaseModel, Field
 class UsageQuery(BaseModel):
     start: date | None = None  # UTC day, inclusive; default: the first of this month
     end: date | None = None  # UTC day, exclusive; default: tomorrow
-    group_by: Literal["day", "model", "class"] = "day"
+    group_by: Literal["day", "model", "priority"] = "day"
     format: Literal["json", "csv"] = "json"
     tenant: str | None = Field(None, description="admin keys only: a tenant name")
-
-
-class UsageLine(BaseModel):
-    day: str | None = None
-    model: str | None = None
-    class_: str | None = Field(None, alias="class")
-    requests: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    input_cost_micros: int
-    cached_input_cost_micros: int
-    output_cost_micros: int
-    cost_micros: int
-    cost: str  # cost_micros in currency units, exact
 
 
 class UsageResponse(BaseModel):
@@ -36,6 +21,6 @@ class UsageResponse(BaseModel):
     start: date
     end: date
     group_by: str
-    data: list[dict]
+    data: list[dict]  # metering.reports.usage_lines: the group keys, then the sums
     total_requests: int
     total_cost_micros: int

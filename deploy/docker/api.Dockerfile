@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1.7
 # Slim image for everything but the GPU worker: `fleetlm api`, `migrate`, `metering`, `celery`.
-# These paths never import torch (tests/serving/test_torch_free.py), so it is not installed.
+# These paths never import torch (tests/api/test_torch_free.py), so it is not installed.
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     FLEETLM_HOST=0.0.0.0 FLEETLM_LOG_FORMAT=json
@@ -9,6 +9,7 @@ COPY pyproject.toml README.md ./
 COPY fleetlm fleetlm
 COPY engine engine
 COPY kernels kernels
+COPY service service
 COPY api api
 COPY workers workers
 COPY metering metering

@@ -10,6 +10,7 @@ COPY pyproject.toml README.md alembic.ini ./
 COPY fleetlm fleetlm
 COPY engine engine
 COPY kernels kernels
+COPY service service
 COPY api api
 COPY workers workers
 COPY metering metering

@@ -63,7 +63,7 @@ def _phases(f: Floor) -> str:
     )
 
 
-def _sections(plan: Plan) -> list[tuple[str, list[Row]]]:
+def _memory_rows(plan: Plan) -> list[Row]:
     dep, m, mem, wl = plan.deployment, plan.deployment.model, plan.memory, plan.workload
     params = m.num_params()
     wbytes, kvb = dtype_bytes(dep.weights_dtype), dtype_bytes(dep.kv_dtype)
@@ -72,7 +72,7 @@ def _sections(plan: Plan) -> list[tuple[str, list[Row]]]:
     )
     if mem.kv_replication > 1:
         kv_note += f", stored {mem.kv_replication}x (more GPUs than KV heads)"
-    memory = [
+    return [
         ("GPU memory", gb(mem.total_bytes), f"{dep.num_gpus} x {gb(dep.gpu.memory_bytes)}"),
         (
             f"weights ({dep.weights_dtype})",
@@ -104,8 +104,11 @@ def _sections(plan: Plan) -> list[tuple[str, list[Row]]]:
             f"{mem.longest_context_bytes / mem.kv_pool_bytes:.1%} of the KV pool",
         ),
     ]
-    d, d1 = plan.decode, plan.decode_single
-    decode = [
+
+
+def _decode_rows(plan: Plan) -> list[Row]:
+    dep, d, d1 = plan.deployment, plan.decode, plan.decode_single
+    rows = [
         (
             "step floor",
             secs(d.seconds),
@@ -126,10 +129,14 @@ def _sections(plan: Plan) -> list[tuple[str, list[Row]]]:
         ),
         ("at batch 1", secs(d1.seconds), f"{_intensity(d1)}; {1 / d1.seconds:,.0f} tok/s alone"),
     ]
-    if plan.decode_batch * plan.decode_context > mem.kv_tokens:
-        decode.append(("warning", "", "batch x context is more KV than the pool holds"))
-    p = plan.prefill
-    prefill = [
+    if plan.decode_batch * plan.decode_context > plan.memory.kv_tokens:
+        rows.append(("warning", "", "batch x context is more KV than the pool holds"))
+    return rows
+
+
+def _prefill_rows(plan: Plan) -> list[Row]:
+    dep, p, wl = plan.deployment, plan.prefill, plan.workload
+    rows = [
         (
             "FLOPs",
             flop(p.flops),
@@ -139,37 +146,43 @@ def _sections(plan: Plan) -> list[tuple[str, list[Row]]]:
         ("floor = TTFT implied", secs(p.seconds), f"{_intensity(p)}: {_bound_note(p)}"),
     ]
     if plan.prefill_cached is not None:
-        prefill.append(
+        rows.append(
             (
                 f"  with {wl.prefix_shared_fraction:.0%} prefix hit",
                 secs(plan.prefill_cached.seconds),
                 "only the uncached tail is computed",
             )
         )
-    s, e = plan.serving, plan.economics
-    if s.feasible:
-        met = "met" if s.output_tok_s >= wl.target_output_tok_s else "missed"
-        share = s.output_tok_s / wl.target_output_tok_s
-        serving = [
-            ("best batch", f"{s.batch:,}", f"limited by {s.limited_by}"),
-            ("TPOT (decode + chunked prefill)", secs(s.tpot_s), _phases(s.step)),
-            ("TTFT floor at that load", secs(s.ttft_s), "one step in flight, then the prompt"),
-            (
-                "output tok/s per replica",
-                f"{s.output_tok_s:,.0f}",
-                f"target {wl.target_output_tok_s:,.0f}: {met} ({share:.0%})",
-            ),
-            (
-                f"replicas for {e.target_output_tok_s:,.0f} tok/s",
-                f"{e.replicas_for_target}",
-                f"{e.replicas_for_target * dep.num_gpus} GPUs at peak",
-            ),
-        ]
-    else:
-        serving = [("best batch", "none", s.limited_by)]
-    pr = e.prices
-    be = e.break_even_utilisation
-    cost = [
+    return rows
+
+
+def _serving_rows(plan: Plan) -> list[Row]:
+    dep, s, e, wl = plan.deployment, plan.serving, plan.economics, plan.workload
+    if not s.feasible:
+        return [("best batch", "none", s.limited_by)]
+    met = "met" if s.output_tok_s >= wl.target_output_tok_s else "missed"
+    share = s.output_tok_s / wl.target_output_tok_s
+    return [
+        ("best batch", f"{s.batch:,}", f"limited by {s.limited_by}"),
+        ("TPOT (decode + chunked prefill)", secs(s.tpot_s), _phases(s.step)),
+        ("TTFT floor at that load", secs(s.ttft_s), "one step in flight, then the prompt"),
+        (
+            "output tok/s per replica",
+            f"{s.output_tok_s:,.0f}",
+            f"target {wl.target_output_tok_s:,.0f}: {met} ({share:.0%})",
+        ),
+        (
+            f"replicas for {e.target_output_tok_s:,.0f} tok/s",
+            f"{e.replicas_for_target}",
+            f"{e.replicas_for_target * dep.num_gpus} GPUs at peak",
+        ),
+    ]
+
+
+def _cost_rows(plan: Plan) -> list[Row]:
+    e, wl = plan.economics, plan.workload
+    pr, be = e.prices, e.break_even_utilisation
+    return [
         (
             "output tokens per GPU-hour",
             f"{e.output_tokens_per_gpu_hour / 1e6:,.2f} M",
@@ -192,16 +205,23 @@ def _sections(plan: Plan) -> list[tuple[str, list[Row]]]:
             f"workload needs > {wl.min_utilisation:.0%}",
         ),
     ]
+
+
+def _sections(plan: Plan) -> list[tuple[str, list[Row]]]:
+    wl = plan.workload
     return [
-        ("MEMORY", memory),
-        (f"DECODE  batch {plan.decode_batch:,}, {plan.decode_context:,}-token context", decode),
-        (f"PREFILL  one {plan.prompt_tokens:,}-token prompt, alone", prefill),
+        ("MEMORY", _memory_rows(plan)),
+        (
+            f"DECODE  batch {plan.decode_batch:,}, {plan.decode_context:,}-token context",
+            _decode_rows(plan),
+        ),
+        (f"PREFILL  one {plan.prompt_tokens:,}-token prompt, alone", _prefill_rows(plan)),
         (
             f"SERVING  TTFT < {secs(wl.ttft_target_s)} at {wl.ttft_prompt_tokens:,} tokens, "
             f"TPOT < {secs(wl.tpot_target_s)}",
-            serving,
+            _serving_rows(plan),
         ),
-        ("COST", cost),
+        ("COST", _cost_rows(plan)),
     ]
 
 

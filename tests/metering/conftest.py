@@ -1,36 +1,17 @@
-# Real embedded Redis + PostgreSQL for the metering tests, the schema built by the migrations,
-# and an in-process writer driven one step at a time.
+# The metering tests on the embedded Redis + PostgreSQL (tests/conftest.py's `services`): clean
+# tables per test, and an in-process writer driven one step at a time.
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 import redis
 from sqlalchemy import text
 
-from fleetlm.embedded import EmbeddedServices
-from fleetlm.migrate_cmd import upgrade
 from metering.db import make_engine, make_sessionmaker, transaction
+from metering.records import METERING_STREAM
 from metering.tenants import create_tenant
-from metering.writer import GROUP, STREAM, MeteringWriter
-
-
-@pytest.fixture(scope="package")
-def services():
-    # Not under pytest's basetemp: any concurrent pytest session chmods /tmp/pytest-of-<user>
-    # to 0700, which locks out the unprivileged user pgserver runs Postgres as (when root).
-    root = Path(tempfile.mkdtemp(prefix="fleetlm-metering-"))
-    svc = EmbeddedServices(root / "data")
-    svc.start(redis=True, postgres=True)
-    try:
-        upgrade(svc.database_url)
-        yield svc
-    finally:
-        svc.stop()
-        shutil.rmtree(root, ignore_errors=True)
+from metering.writer import GROUP, MeteringWriter
 
 
 @pytest.fixture
@@ -44,7 +25,7 @@ def db(services):
 def clean(services, db):
     """Each test starts with an empty stream and empty usage tables."""
     r = redis.Redis.from_url(services.redis_url, decode_responses=True)
-    r.delete(STREAM, "fleetlm:metering:dead")
+    r.delete(METERING_STREAM, f"{METERING_STREAM}:dead")
     with transaction(db) as s:
         s.execute(text("TRUNCATE usage_records, usage_daily, worker_busy, prices"))
     yield r
@@ -73,4 +54,4 @@ def drain(w: MeteringWriter, max_steps: int = 50) -> None:
     raise AssertionError("the writer did not drain the stream")
 
 
-__all__ = ["GROUP", "STREAM", "drain"]
+__all__ = ["GROUP", "drain"]

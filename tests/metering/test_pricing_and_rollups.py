@@ -6,7 +6,7 @@ import time
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from metering.db import transaction
 from metering.models import UsageDaily, UsageRecord
@@ -19,10 +19,11 @@ from metering.pricing import (
     to_micros,
     token_cost,
 )
+from metering.records import METERING_STREAM as STREAM
+from metering.records import encode_record
 from metering.usage_rows import refresh_rollups
-from metering.writer import STREAM
 from tests.metering.conftest import drain
-from tests.metering.records import usage_fields
+from tests.metering.records import usage_record
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,11 +53,11 @@ def test_price_in_force_is_recorded_on_each_row(writer, clean, db, tenant_id):
     with db() as s:
         assert prices_in_force(s, "tiny", today).output == 8_000_000
         assert prices_in_force(s, "other", today) == PriceSet(today - timedelta(days=30), 1_000_000)
-    rec = usage_fields(tenant_id, prompt_tokens=1000, cached_tokens=600, completion_tokens=100)
-    clean.xadd(STREAM, rec)
+    rec = usage_record(tenant_id, prompt_tokens=1000, cached_tokens=600, completion_tokens=100)
+    clean.xadd(STREAM, encode_record(rec))
     drain(writer)
     with db() as s:
-        row = s.scalars(select(UsageRecord).filter_by(request_id=rec["request_id"])).one()
+        row = s.scalars(select(UsageRecord).filter_by(request_id=rec.request_id)).one()
     assert row.price_version == today - timedelta(days=10)
     # 400 × 2.0 + 600 × 0.5 + 100 × 8.0 micro-units
     assert (row.input_cost_micros, row.cached_input_cost_micros, row.output_cost_micros) == (
@@ -69,17 +70,16 @@ def test_price_in_force_is_recorded_on_each_row(writer, clean, db, tenant_id):
 
 def test_rollups_equal_sums_of_raw_rows(writer, clean, db, tenant_id):
     yesterday = time.time() - 86400
-    recs = [usage_fields(tenant_id, completion_tokens=i) for i in range(1, 6)]
-    recs += [usage_fields(tenant_id, model="other", priority="batch") for _ in range(3)]
+    recs = [usage_record(tenant_id, completion_tokens=i) for i in range(1, 6)]
+    recs += [usage_record(tenant_id, model="other", priority="batch") for _ in range(3)]
     recs += [
-        usage_fields(tenant_id, enqueued_at=f"{yesterday:.6f}", finished_at=f"{yesterday:.6f}")
-        for _ in range(2)
+        usage_record(tenant_id, enqueued_at=yesterday, finished_at=yesterday) for _ in range(2)
     ]
     for r in recs[:4]:
-        clean.xadd(STREAM, r)
+        clean.xadd(STREAM, encode_record(r))
     drain(writer)  # two batches: the rollup of the first is refreshed by the second
     for r in recs[4:] + recs[:2]:  # with redeliveries
-        clean.xadd(STREAM, r)
+        clean.xadd(STREAM, encode_record(r))
     drain(writer)
 
     with transaction(db) as s:
@@ -119,3 +119,12 @@ def test_rollups_equal_sums_of_raw_rows(writer, clean, db, tenant_id):
             select(UsageDaily.day, UsageDaily.requests).where(UsageDaily.tenant_id == tenant_id)
         ).all()
         assert sorted(again) == sorted((r[0], r[3]) for r in rolled)
+        # the finance view bills per priority too (the same requests, by month)
+        billed = s.execute(
+            text(
+                "SELECT priority, sum(requests) FROM v_monthly_bill b JOIN tenants t"
+                " ON t.name = b.tenant WHERE t.id = :t GROUP BY priority"
+            ),
+            {"t": tenant_id},
+        ).all()
+        assert dict(billed) == {"interactive": 7, "batch": 3}

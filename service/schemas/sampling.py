@@ -1,0 +1,155 @@
+# Request fields shared by /v1/chat/completions and /v1/completions: OpenAI's plus vLLM's extra
+# sampling parameters. Unknown fields are accepted and ignored, as OpenAI-compatible servers do.
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from metering.ratelimit import Priority
+from metering.records import UsageCounts
+from service.errors import invalid_param
+from service.queued_request import Sampling
+
+MAX_STOP = 4
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    n: int = 1
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None  # "flex" → the batch priority; anything else → interactive
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: Any = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> list[str]:
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty")
+        return stops
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int | None) -> int | None:
+        if v is not None and v < -1:
+            raise ValueError("top_k must be -1, 0 (disabled) or positive")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v: float | None) -> float | None:
+        if v:
+            raise ValueError("penalties are not supported; send 0 or omit")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: Any) -> Any:
+        if v:
+            raise ValueError("logprobs are not supported")
+        return v
+
+    @model_validator(mode="after")
+    def _stream_options(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def priority(self) -> Priority:
+        return "batch" if self.service_tier == "flex" else "interactive"
+
+    @property
+    def response_service_tier(self) -> str:
+        """What a chat response reports: "flex" for the batch priority, else "default"."""
+        return "flex" if self.priority == "batch" else "default"
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sampling(self) -> Sampling:
+        """The engine's sampling fields, as sent to the worker."""
+        max_tokens = self.effective_max_tokens()
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise invalid_param("min_tokens", "min_tokens must not exceed max_tokens")
+        return Sampling(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=list(self.stop or []),
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class CompletionTokensDetails(BaseModel):
+    # Speculative decoding's draft tokens, in OpenAI's predicted-output fields: accepted drafts
+    # are part of completion_tokens, rejected ones are not (they cost compute, not output).
+    reasoning_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
+
+    @classmethod
+    def from_counts(cls, counts: UsageCounts) -> Usage:
+        prompt, completion = counts["prompt_tokens"], counts["completion_tokens"]
+        accepted = counts["spec_accepted_tokens"]
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=counts["cached_tokens"]),
+            completion_tokens_details=CompletionTokensDetails(
+                accepted_prediction_tokens=accepted,
+                rejected_prediction_tokens=counts["spec_proposed_tokens"] - accepted,
+            ),
+        )

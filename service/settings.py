@@ -1,0 +1,131 @@
+# Service configuration: one pydantic-settings class read from the environment and `.env`.
+# Every variable is FLEETLM_<FIELD> except the two connection URLs, which keep their usual names.
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+# The small chat model that ships in the repository (models/, see docs/default-model.md); an
+# installation without it falls back to the random-weight `tiny` preset.
+_SHIPPED_MODEL = Path(__file__).resolve().parents[1] / "models" / "fleetlm-tiny-chat"
+DEFAULT_MODEL = str(_SHIPPED_MODEL) if (_SHIPPED_MODEL / "config.json").exists() else "tiny"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLEETLM_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    # -- services --------------------------------------------------------------------------
+    database_url: str | None = Field(
+        None, validation_alias=AliasChoices("DATABASE_URL", "database_url")
+    )
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
+    data_dir: Path = Path(".fleetlm")  # embedded Redis/Postgres, demo key
+
+    # -- model -----------------------------------------------------------------------------
+    model: str = DEFAULT_MODEL  # HF checkpoint directory or preset name
+    # The id clients send; default: the preset name or the checkpoint directory's name.
+    served_model_name: str | None = None
+    max_model_len: int | None = None  # None → the model's max_position_embeddings (KV-capped)
+
+    # -- API -------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queue_len: int = 1024  # per priority: requests queued or running before 503
+    queue_retry_after_s: int = 1
+    output_ttl_s: int = 300  # output streams expire this long after their last event
+    redis_max_connections: int = 4096  # per API process; each open request holds one
+    relay_poll_s: float = 0.5  # how often a waiting relay checks its worker's heartbeat
+    api_key_cache_s: float = 10.0  # how long a verified API key is trusted without a DB read
+    limit_lease_s: float = 3600.0  # a concurrency slot not released by then frees itself
+
+    # -- metering --------------------------------------------------------------------------
+    metering_batch_size: int = 500  # records per INSERT / transaction
+    metering_claim_idle_s: float = 30.0  # a writer's pending records idle this long are taken
+    metering_retain_s: float = 3600.0  # acknowledged records stay on the stream this long
+    metering_retry_s: float = 1.0  # back-off while Postgres is unreachable
+    busy_interval_s: int = 60  # workers report busy time per interval of this length
+
+    # -- workers ---------------------------------------------------------------------------
+    heartbeat_interval_s: float = 1.0
+    worker_dead_after_s: float = 8.0  # heartbeat TTL: a silent worker counts as dead after it
+    no_worker_timeout_s: float = 5.0  # a queued request fails after this long with no live worker
+    worker_max_waiting: int = 8  # queue entries held in the engine's waiting queue
+    batch_min_free_kv: float = 0.25  # read batch work only with this fraction of KV free
+    batch_max_waiting: int = 2  # ... and at most this many requests waiting in the engine
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.90
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    # Speculative decoding (docs/speculative.md): "ngram" or "draft" (with draft_model).
+    speculative_method: Literal["ngram", "draft"] | None = None
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    torch_threads: int | None = None  # CPU workers: intra-op threads (None → torch's default)
+    # Run the step's Redis round trip on a thread while the next step runs (docs/serving.md);
+    # None → on for GPU workers, off on the CPU (the thread would take a core from the forward).
+    worker_overlap_exchange: bool | None = None
+    worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
+
+    # -- operations (docs/operations.md) ---------------------------------------------------
+    worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)
+    metrics_snapshot_s: float = 1.0  # how often a worker ships its series to Redis for the API
+    drain_timeout_s: float = 30.0  # SIGTERM: in-flight work gets this long to finish
+    drain_delay_s: float = 0.0  # API: keep answering 503 this long so load balancers notice
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+
+    # -- batches (docs/batches.md) ---------------------------------------------------------
+    file_max_bytes: int = 200 * 1024 * 1024  # one uploaded file
+    batch_max_lines: int = 50_000  # requests in one batch input file
+    batch_completion_windows: list[str] = ["24h"]  # accepted completion_window values
+    batch_max_inflight: int = 64  # lines of one batch on the batch stream or running at once
+    batch_pump_interval_s: float = 0.5  # a batch's pump re-runs this often while it is active
+    batch_stale_s: float = 15.0  # a pump silent this long is re-armed by the beat sweep
+    batch_sweep_s: float = 5.0  # beat: sweep (re-arm, expire) this often
+    batch_output_ttl_s: int = 7 * 24 * 3600  # batch lines' output streams (the pump deletes them)
+    celery_visibility_timeout_s: int = 60  # an unacked task is redelivered after this long
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        path = Path(self.model)
+        return path.name if (path / "config.json").exists() else self.model
+
+    def resolved_max_model_len(self) -> int:
+        """The context both the API (admission) and the workers (engine) enforce."""
+        from engine.models.config import resolve_model_config  # torch-free
+
+        limit = resolve_model_config(self.model).max_position_embeddings
+        if self.max_model_len is not None:
+            limit = min(limit, self.max_model_len)
+        if self.num_kv_blocks is not None:
+            limit = min(limit, self.num_kv_blocks * self.block_size)
+        return limit
+
+    def engine_config(self) -> EngineConfig:
+        """A worker's engine: every EngineConfig knob these settings name (FLEETLM_<knob>),
+        with the context the API admits against."""
+        from engine.config import EngineConfig  # torch-free
+
+        knobs = {f.name for f in fields(EngineConfig)} & set(type(self).model_fields)
+        values = {name: getattr(self, name) for name in knobs}
+        return EngineConfig(**values | {"max_model_len": self.resolved_max_model_len()})
+
+    @property
+    def liveness_bound_s(self) -> float:
+        """Worst case from a worker's death to its client's error event (docs/serving.md)."""
+        return self.worker_dead_after_s + self.no_worker_timeout_s + self.relay_poll_s

@@ -1,0 +1,136 @@
+# The GPU worker's exchange with Redis, in process: a request's deltas then one final event, one
+# usage record whatever the end (built from the engine's counters), the queue entry acknowledged
+# and removed, the tenant's reservation released and its unused tokens refunded; cancels abort
+# and free the KV blocks; entries of a dead worker are re-run or failed.
+from __future__ import annotations
+
+import pytest
+
+from metering import ratelimit as rl
+from service import streams as p
+from service.events import encode_event
+from tests.waiting import wait_until
+from tests.wire import queued_request
+from tests.workers.conftest import (
+    WORKER_ID,
+    events,
+    records_of,
+    submit,
+    usage_record,
+    worker_stats,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def reserve(rds, queued, tokens: int) -> None:
+    """The reservation admission makes (metering/ratelimit.py), riding on the request."""
+    limit = rl.PriorityLimit(max_concurrency=4, tokens_per_minute=10_000)
+    raw = rds.eval(
+        rl.RESERVE_SCRIPT,
+        2,
+        rl.running_key(queued.tenant_id, queued.priority),
+        rl.tokens_key(queued.tenant_id, queued.priority),
+        *rl.reserve_args(limit, queued.request_id, tokens, 3600),
+    )
+    decision = rl.decision(raw)
+    assert decision.admitted
+    queued.reservation = rl.Reservation(decision.window, tokens)
+
+
+def test_a_request_streams_then_ends_with_one_record_and_a_refund(gpu_worker, rds):
+    queued = queued_request(max_tokens=6)
+    reserve(rds, queued, tokens=100)
+    submit(rds, queued)
+    got = events(rds, queued.request_id)
+    *deltas, done = got
+    assert deltas and {e["type"] for e in deltas} == {"delta"}
+    assert {e["worker"] for e in got} == {WORKER_ID}
+    assert [e["completion_tokens"] for e in deltas] == sorted(
+        e["completion_tokens"] for e in deltas
+    )
+    assert done["type"] == "done" and done["finish_reason"] == "length"
+    assert done["usage"]["prompt_tokens"] == 10 and done["usage"]["completion_tokens"] == 6
+
+    record = usage_record(rds, queued.request_id)
+    assert record.counts == done["usage"]  # the engine's counters, as the event carried them
+    assert (record.status, record.finish_reason, record.worker_id) == (
+        "length",
+        "length",
+        WORKER_ID,
+    )
+    assert (record.tenant_id, record.priority, record.batch_id) == (
+        queued.tenant_id,
+        "interactive",
+        None,
+    )
+    assert record.enqueued_at == queued.enqueued_at < record.finished_at
+    assert 0 <= record.queue_ms <= record.ttft_ms <= record.e2e_ms and record.tpot_ms > 0
+    assert record.error is None
+
+    queue = p.queue_key("interactive")
+    wait_until(lambda: rds.xlen(queue) == 0, 10, "the entry to leave the queue")
+    assert rds.xpending(queue, p.GROUP)["pending"] == 0
+    assert rds.zcard(rl.running_key(queued.tenant_id, "interactive")) == 0  # slot released
+    window = rl.window_key(queued.tenant_id, "interactive", queued.reservation.window)
+    assert int(rds.get(window)) == 16  # 100 reserved, 10 + 6 used: 84 refunded
+    assert len(records_of(rds, queued.request_id)) == 1
+
+
+def test_a_cancel_aborts_the_request_and_frees_its_blocks(gpu_worker, rds):
+    queued = queued_request(max_tokens=2000)
+    submit(rds, queued)
+    wait_until(lambda: rds.xlen(p.output_key(queued.request_id)), 60, "the first delta")
+    rds.set(p.cancel_key(queued.request_id), "1")
+    final = events(rds, queued.request_id)[-1]
+    assert final["type"] == "error" and final["code"] == "cancelled"
+    record = usage_record(rds, queued.request_id)
+    assert (record.status, record.finish_reason) == ("cancelled", "abort")
+    assert 1 <= record.counts["completion_tokens"] < 2000
+    assert record.counts == final["usage"]
+
+    def idle():
+        stats = worker_stats(rds)
+        return stats["num_free_blocks"] == stats["num_total_blocks"] and stats["num_running"] == "0"
+
+    wait_until(idle, 10, "the KV blocks to be free")
+    stats = worker_stats(rds)
+    assert int(stats["step"]) - int(stats["last_cancel_step"]) <= 2
+
+
+def test_a_request_the_engine_refuses_fails_with_one_record(gpu_worker, rds):
+    queued = queued_request(max_tokens=4, temperature=-1.0)  # out of the engine's range
+    submit(rds, queued)
+    (final,) = events(rds, queued.request_id)
+    assert final["type"] == "error" and final["code"] == "invalid_request"
+    assert "temperature" in final["message"]
+    record = usage_record(rds, queued.request_id)
+    assert (record.status, record.finish_reason) == ("failed", "error")
+    assert record.counts["prompt_tokens"] == 10 and record.counts["completion_tokens"] == 0
+    assert "temperature" in record.error
+
+
+def test_a_dead_workers_entries_are_rerun_or_failed(gpu_worker, rds):
+    # Another consumer read two requests and went silent: one had already streamed tokens.
+    queue = p.queue_key("interactive")
+    streamed, unstarted = queued_request(max_tokens=5), queued_request(max_tokens=5)
+    streamed_delta = {"type": "delta", "text": "ab", "worker": "w-dead", "completion_tokens": 3}
+    # Enqueued and read by the dead consumer in one transaction: our worker cannot read them first.
+    pipe = rds.pipeline(transaction=True)
+    for queued in (streamed, unstarted):
+        pipe.xadd(queue, {"r": queued.encode()})
+    pipe.xreadgroup(p.GROUP, "w-dead", {queue: ">"}, count=2)
+    taken = pipe.execute()[-1]
+    assert sum(len(entries) for _, entries in taken) == 2, taken
+    rds.xadd(p.output_key(streamed.request_id), encode_event(streamed_delta))
+
+    failed = events(rds, streamed.request_id)[-1]
+    assert failed["type"] == "error" and failed["code"] == "worker_lost"
+    record = usage_record(rds, streamed.request_id)
+    assert record.status == "failed" and record.worker_id == WORKER_ID
+    assert record.counts["completion_tokens"] == 3 and record.counts["prompt_tokens"] == 10
+
+    rerun = events(rds, unstarted.request_id)[-1]
+    assert rerun["type"] == "done" and rerun["worker"] == WORKER_ID
+    assert usage_record(rds, unstarted.request_id).status == "length"
+    wait_until(lambda: rds.xlen(queue) == 0, 10, "the reclaimed entries to leave the queue")

@@ -1,0 +1,53 @@
+# The worker's engine comes from the settings (Settings.engine_config()): every knob both name,
+# speculative decoding included, and the usage counters it reports are the ones the metering
+# codec carries.
+from __future__ import annotations
+
+from dataclasses import fields
+
+from engine import SamplingParams
+from engine.config import EngineConfig
+from engine.outputs import RequestUsage
+from metering.records import COUNTERS
+from service.settings import Settings
+from workers.gpu_worker import build_engine
+
+
+def test_the_engine_config_derives_from_the_settings():
+    settings = Settings(
+        _env_file=None, model="tiny", device="cpu", num_kv_blocks=64, block_size=32,
+        max_num_seqs=7, max_num_batched_tokens=512, enable_prefix_caching=False,
+        speculative_method="ngram", num_speculative_tokens=3, gpu_memory_utilization=0.5,
+    )  # fmt: skip
+    config = settings.engine_config()
+    shared = {f.name for f in fields(EngineConfig)} & set(Settings.model_fields)
+    # the knobs build_engine used to copy by hand are all derived
+    assert shared >= {
+        "model", "dtype", "device", "block_size", "num_kv_blocks", "gpu_memory_utilization",
+        "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+        "speculative_method", "num_speculative_tokens", "draft_model",
+    }  # fmt: skip
+    for name in shared - {"max_model_len"}:
+        assert getattr(config, name) == getattr(settings, name), name
+    # the context the API admits against: capped by the KV pool
+    assert config.max_model_len == settings.resolved_max_model_len() == 64 * 32
+
+
+def test_usage_counters_are_the_engines_field_for_field():
+    assert tuple(f.name for f in fields(RequestUsage)) == COUNTERS
+
+
+def test_worker_engine_speculates_when_configured():
+    settings = Settings(model="tiny", device="cpu", num_kv_blocks=64, speculative_method="ngram")
+    engine = build_engine(settings)
+    assert engine.speculator is not None
+    # `tiny`'s greedy output cycles, so prompt lookup finds continuations to propose.
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    engine.add_request("spec", [7, 8, 9, 10] * 6, params)
+    last = None
+    while engine.has_unfinished():
+        for delta in engine.step():
+            last = delta
+    assert last.finished and last.usage.completion_tokens == 48
+    assert last.usage.spec_proposed_tokens > 0
+    assert 0 <= last.usage.spec_accepted_tokens <= last.usage.spec_proposed_tokens
