@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,14 +137,19 @@ class LLMEngine:
         priority: Priority | str = Priority.INTERACTIVE,
         arrival_time: float | None = None,
         cache_salt: object = None,
+        output_token_ids: Sequence[int] = (),
     ) -> None:
+        """`output_token_ids`: resume a request another engine started, from the output tokens
+        it had produced; they are recomputed like a preempted request's (prefix-cached where
+        possible), count as output (max_tokens, min_tokens, usage) and are not emitted again."""
         self._check_no_step_in_flight()
         params = params or SamplingParams()
         prompt = list(prompt_token_ids)
+        output = list(output_token_ids)
         if not prompt:
             raise ValueError("the prompt is empty")
         vocab = self.model_config.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
+        if min(prompt + output) < 0 or max(prompt + output) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if len(prompt) >= self.max_model_len:
             raise ValueError(
@@ -156,6 +162,8 @@ class LLMEngine:
                 f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
                 f"model's context of {self.max_model_len} tokens"
             )
+        if len(output) >= max_tokens:
+            raise ValueError(f"{len(output)} output tokens to resume from, max_tokens {max_tokens}")
         request = Request(
             request_id,
             prompt,
@@ -166,13 +174,19 @@ class LLMEngine:
             cache_salt,
         )
         if params.detokenize:
-            request.detokenizer = IncrementalDetokenizer(
+            detok = IncrementalDetokenizer(
                 self.tokenizer,
                 prompt,
                 stop=params.stop,
                 skip_special_tokens=params.skip_special_tokens,
                 include_stop_str_in_output=params.include_stop_str_in_output,
             )
+            # Token by token, as finish_step fed them: the text it holds back (a partial
+            # character, a possible stop string) is then what the first run held back.
+            for token in output:
+                detok.update([token])
+            request.detokenizer = detok
+        request.token_ids.extend(output)
         self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> bool:

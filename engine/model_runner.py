@@ -152,11 +152,24 @@ class ModelRunner:
             return None
         for r in requests:
             if r.generator is None and r.params.seed is not None and not r.params.greedy:
-                r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
+                r.generator = self._seeded_generator(r)
         if has_drafts:
             return None  # spec_verify builds its own per-row batch
         vocab = self.model_config.vocab_size
         return SamplingBatch.from_requests(requests, vocab, self.device, self.eos_token_ids)
+
+    def _seeded_generator(self, request: Request) -> torch.Generator:
+        """The request's generator, made when it first samples. Output tokens it already has
+        then came from an earlier run of the same request (a worker resuming a stream another
+        one started): each took one draw of vocab-size exponential noise from this generator
+        (sampler.sample), so re-drawing them puts the stream exactly where that run left it.
+        Speculative verification draws differently; a resumed speculative request is not exact."""
+        gen = torch.Generator(device=self.device).manual_seed(request.params.seed)
+        if request.num_output_tokens:
+            scratch = torch.empty(self.model_config.vocab_size, device=self.device)
+            for _ in range(request.num_output_tokens):
+                scratch.exponential_(generator=gen)
+        return gen
 
     def _forward(self, input_ids, positions, meta) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of the target alone."""

@@ -84,6 +84,9 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting[request.priority].remove(request)
+        # Whatever the end, blocks whose K/V are computed go to the prefix cache first: a
+        # request that finishes at its first output token must still leave its prompt there.
+        self.block_manager.cache_full_blocks(request)
         self.block_manager.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
@@ -207,8 +210,8 @@ class Scheduler:
                 bm.prefix_cache_queries += request.num_tokens
                 bm.prefix_cache_hits += num_computed
                 request.num_computed_tokens = num_computed
-                if request.num_preemptions == 0:
-                    request.num_cached_tokens = num_computed
+                if request.num_preemptions == 0:  # (a resumed request's hits may pass its prompt)
+                    request.num_cached_tokens = min(num_computed, request.num_prompt_tokens)
                 request.status = RequestStatus.RUNNING
                 request.spec_slots = 0
                 request.admitted_seq = self._admissions
