@@ -1,15 +1,28 @@
 # Bearer key → principal (tenant + key). Keys are verified against their hash in Postgres and
 # trusted for `api_key_cache_s` afterwards, so the hot path does no database read: a revoked key
 # or changed limits take effect within that time. A verification stamps the key's last_used_at.
+#
+# Postgres away: serving must not stop with it. A key verified within `api_key_stale_s` keeps
+# working from the cache (with the limits it had) while the database does not answer within
+# `database_timeout_s`; a key never verified gets 503 with Retry-After (it may be valid). One
+# lookup per key at a time: while one hangs on an unresponsive database, other requests with that
+# key use the cache at once instead of queueing behind it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 from metering.keys import Principal, find_principal, hash_key, touch_key
-from service.errors import APIError
+from service.errors import APIError, database_unavailable
+
+log = logging.getLogger("fleetlm.api")
+
+DATABASE_ERRORS = (DBAPIError, PoolTimeoutError)
 
 
 def forbidden(message: str) -> APIError:
@@ -26,10 +39,20 @@ def unauthorized(message: str) -> APIError:
 
 
 class KeyVerifier:
-    def __init__(self, sessions: sessionmaker[Session], cache_s: float) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        cache_s: float,
+        *,
+        stale_s: float = 3600.0,
+        timeout_s: float = 2.0,
+        retry_after_s: int = 2,
+    ) -> None:
         self._sessions = sessions
-        self._cache_s = cache_s
-        self._cache: dict[str, tuple[Principal, float]] = {}  # key hash → (principal, expiry)
+        self._cache_s, self._stale_s = cache_s, stale_s
+        self._timeout_s, self._retry_after_s = timeout_s, retry_after_s
+        self._cache: dict[str, tuple[Principal, float]] = {}  # key hash → (principal, verified)
+        self._lookups: dict[str, asyncio.Future] = {}  # key hash → the lookup in flight
 
     def _lookup(self, key: str) -> Principal | None:
         with self._sessions() as session, session.begin():
@@ -45,10 +68,29 @@ class KeyVerifier:
         key = key.strip()
         digest = hash_key(key)
         hit = self._cache.get(digest)
-        if hit is not None and hit[1] > time.monotonic():
+        age = time.monotonic() - hit[1] if hit is not None else None
+        if hit is not None and age < self._cache_s:
             return hit[0]
-        principal = await asyncio.to_thread(self._lookup, key)
+        stale = hit[0] if hit is not None and age < self._stale_s else None
+        lookup = self._lookups.get(digest)
+        if lookup is not None and stale is not None:
+            return stale  # a lookup of this key is already waiting on the database
+        if lookup is None:
+            lookup = self._lookups[digest] = asyncio.ensure_future(
+                asyncio.to_thread(self._lookup, key)
+            )
+            lookup.add_done_callback(lambda _: self._lookups.pop(digest, None))
+        try:
+            principal = await asyncio.wait_for(asyncio.shield(lookup), self._timeout_s)
+        except (*DATABASE_ERRORS, TimeoutError) as exc:
+            if stale is not None:
+                log.warning(
+                    "database unavailable (%s): key served from the cache", type(exc).__name__
+                )
+                return stale
+            raise database_unavailable(self._retry_after_s) from exc
         if principal is None:
+            self._cache.pop(digest, None)
             raise unauthorized("incorrect API key provided")
-        self._cache[digest] = (principal, time.monotonic() + self._cache_s)
+        self._cache[digest] = (principal, time.monotonic())
         return principal

@@ -1,7 +1,9 @@
 # Graceful drain of an API process. SIGTERM (fleetlm/api_cmd.py) starts it: /ready turns 503,
 # new generation requests get an OpenAI-shaped 503 with Retry-After, open requests keep relaying.
 # The server is told to exit once none is open (and at least drain_delay_s has passed, so load
-# balancers see /ready fail first), or at drain_timeout_s whatever is still open.
+# balancers see /ready fail first). Requests still open at drain_timeout_s (plus a moment, so
+# workers draining beside this API end theirs first, with their own events) are ended by their
+# relays with a `shutdown` error event and a cancel to the worker; the server exits right after.
 from __future__ import annotations
 
 import threading
@@ -10,6 +12,9 @@ from collections.abc import Callable
 
 from api.metrics import DRAINING, OPEN_REQUESTS
 from service.errors import APIError
+
+RELAY_GRACE_S = 1.0  # after drain_timeout_s: relays end what is still open
+EXIT_GRACE_S = 2.0  # after that: exit whatever is still open (the relays' errors are out)
 
 
 class Drain:
@@ -21,6 +26,10 @@ class Drain:
     @property
     def draining(self) -> bool:
         return self.started_at is not None
+
+    def deadline_passed(self) -> bool:
+        started = self.started_at
+        return started is not None and time.monotonic() - started > self.timeout_s + RELAY_GRACE_S
 
     def check(self) -> None:
         if self.draining:
@@ -52,7 +61,8 @@ class Drain:
         assert self.started_at is not None
         while True:
             elapsed = time.monotonic() - self.started_at
-            if elapsed >= self.timeout_s or (self.open <= 0 and elapsed >= self.delay_s):
+            hard = self.timeout_s + RELAY_GRACE_S + EXIT_GRACE_S
+            if elapsed >= hard or (self.open <= 0 and elapsed >= self.delay_s):
                 break
             time.sleep(0.05)
         then()

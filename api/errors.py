@@ -8,7 +8,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import APIError, error_body
+from api.auth import DATABASE_ERRORS
+from service.errors import APIError, database_unavailable, error_body, redis_unavailable
+from service.redis_clients import UNREACHABLE
 
 log = logging.getLogger("fleetlm.api")
 
@@ -34,6 +36,22 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     )
 
 
+def _retry_after_s(request: Request) -> int:
+    state = getattr(request.app.state, "fleetlm", None)
+    return state.settings.unavailable_retry_after_s if state is not None else 2
+
+
+async def _redis_error(request: Request, exc: Exception) -> JSONResponse:
+    # Redis away (paused, restarting): any route that needed it says so, retryably.
+    log.warning("redis unavailable: %s", type(exc).__name__)
+    return await _api_error(request, redis_unavailable(_retry_after_s(request)))
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s", type(exc).__name__)
+    return await _api_error(request, database_unavailable(_retry_after_s(request)))
+
+
 async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return JSONResponse(
@@ -44,5 +62,9 @@ async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_exception_handler(APIError, _api_error)
+    for error in UNREACHABLE:
+        app.add_exception_handler(error, _redis_error)
+    for error in DATABASE_ERRORS:
+        app.add_exception_handler(error, _database_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

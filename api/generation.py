@@ -1,5 +1,6 @@
-# The shared flow of a generation endpoint: enqueue, then relay the output stream as SSE or
-# collect it into one response. A client that goes away (stream or not) publishes a cancel.
+# The shared flow of a generation endpoint: shed, admit, enqueue, then relay the output stream as
+# SSE or collect it into one response. A client that goes away (stream or not) publishes a cancel
+# saying how many output tokens it received, which is what the request is billed.
 from __future__ import annotations
 
 import asyncio
@@ -16,17 +17,21 @@ from api.drain import Drain
 from api.metrics import ADMISSIONS, REJECTIONS
 from api.relay import relay_events
 from api.state import AppState
+from metering import ratelimit as rl
 from metering.keys import Principal
 from service.admission import enqueue, publish_cancel
-from service.errors import APIError, event_error
+from service.errors import APIError, event_error, redis_unavailable
 from service.events import FINAL_EVENTS
 from service.limits import release, reserve
 from service.logging_setup import request_id_var
 from service.queued_request import QueuedRequest
+from service.redis_clients import UNREACHABLE, Backoff
 from service.schemas.formatter import Formatter
 from service.schemas.sampling import Usage
 
 log = logging.getLogger("fleetlm.api")
+
+_background: set[asyncio.Task] = set()  # tasks that outlive their request (held, not collected)
 
 
 def sse(obj: dict[str, Any] | str) -> str:
@@ -47,15 +52,23 @@ async def generate(
     request_id_var.set(queued.request_id)
     drain = request.app.state.drain
     tenant = principal.tenant_name
-    # Drain, limits (429 with x-ratelimit-* headers), then the queue; all before any byte.
+    # Drain, load (503 with Retry-After), limits (429 with x-ratelimit-* headers), then the
+    # queue; all before any byte.
     try:
-        drain.check()
-        headers = await reserve(state, principal, queued)
         try:
-            await enqueue(state.redis, state, queued)
-        except APIError:
-            await release(state, queued)
-            raise
+            drain.check()
+            await state.shedder.admit(state.redis, queued)
+            headers = await reserve(state, principal, queued)
+            try:
+                await enqueue(state.redis, state, queued)
+            except APIError:
+                await release(state, queued)
+                raise
+        except UNREACHABLE as exc:
+            # It may have been reserved, or even enqueued, before Redis stopped answering:
+            # once it is back, a cancel drops the entry and the slot is released.
+            _in_background(_forget(state, queued))
+            raise redis_unavailable(state.settings.unavailable_retry_after_s) from exc
     except APIError as exc:
         reason = exc.type if exc.status == 429 else (exc.code or exc.type)
         REJECTIONS.labels(tenant, queued.priority, str(exc.status), reason).inc()
@@ -76,7 +89,7 @@ async def generate(
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
     drain.opened()
     try:
-        return await _collect(request, state, queued.request_id, fmt, headers)
+        return await _collect(request, state, queued.request_id, fmt, headers, drain)
     finally:
         drain.closed()
 
@@ -84,20 +97,27 @@ async def generate(
 async def _stream(
     state: AppState, request_id: str, fmt: Formatter, include_usage: bool, drain: Drain
 ) -> AsyncIterator[str]:
-    ended = False  # reached an end the worker knows about: nothing to cancel
+    ended = False  # reached an end the worker wrote: nothing to cancel
+    delivered = 0  # output tokens whose text was handed to the client
     # Counted from the first chunk: a body never iterated must not hold a drain open.
     drain.opened()
     try:
         if fmt.first_chunk is not None:
             yield sse(fmt.first_chunk | ({"usage": None} if include_usage else {}))
-        async for event in relay_events(state.redis, state.settings, request_id):
+        events = relay_events(state.redis, state.settings, request_id, drain.deadline_passed)
+        async for event in events:
+            kind = event["type"]
+            if kind == "keepalive":
+                yield ": keepalive\n\n"
+                continue
             text = event.get("text", "")
-            if event["type"] == "delta":
+            if kind == "delta":
                 if text:
                     yield sse(fmt.chunk(text, None) | ({"usage": None} if include_usage else {}))
+                delivered = event["completion_tokens"]  # counted once the chunk went out
                 continue
-            if event["type"] == "error":
-                ended = event.get("code") != "no_workers"  # still queued: cancel it below
+            if kind == "error":
+                ended = event.get("worker") is not None  # else the relay gave up: tell the worker
                 if text:
                     yield sse(fmt.chunk(text, None))
                 yield sse(event_error(event).body())
@@ -111,9 +131,9 @@ async def _stream(
         yield sse("[DONE]")
     finally:
         drain.closed()
-        if not ended:  # the client went away (the response task was cancelled)
+        if not ended:  # the client went away (the task was cancelled) or the relay gave up
             with anyio.CancelScope(shield=True):
-                await publish_cancel(state.redis, state, request_id)
+                await _cancel(state, request_id, delivered)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -122,14 +142,21 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _collect(
-    request: Request, state: AppState, request_id: str, fmt: Formatter, headers: dict[str, str]
+    request: Request,
+    state: AppState,
+    request_id: str,
+    fmt: Formatter,
+    headers: dict[str, str],
+    drain: Drain,
 ) -> Response:
     async def consume() -> tuple[str, dict[str, Any]]:
         parts: list[str] = []
-        async for event in relay_events(state.redis, state.settings, request_id):
+        async for event in relay_events(
+            state.redis, state.settings, request_id, drain.deadline_passed
+        ):
             parts.append(event.get("text", ""))
-            if event.get("code") == "no_workers":  # still queued: whoever picks it up drops it
-                await publish_cancel(state.redis, state, request_id)
+            if event["type"] == "error" and event.get("worker") is None:
+                await _cancel(state, request_id, 0)  # the relay gave up: the worker must too
             if event["type"] in FINAL_EVENTS:
                 return "".join(parts), event
         raise AssertionError("relay ended without a final event")
@@ -143,12 +170,58 @@ async def _collect(
         if not collector.done():
             collector.cancel()
             with anyio.CancelScope(shield=True):
-                await publish_cancel(state.redis, state, request_id)
+                await _cancel(state, request_id, 0)  # nothing of it reached the client
     if not collector.done() or collector.cancelled():
         return Response(status_code=499)  # nobody is listening any more
     text, event = collector.result()
     if event["type"] == "error":
         err = event_error(event)
+        if err.status == 503:
+            headers = headers | {"retry-after": str(state.settings.unavailable_retry_after_s)}
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
     usage = Usage.from_counts(event["usage"])
     return JSONResponse(fmt.response(text, event["finish_reason"], usage), headers=headers)
+
+
+# -- when Redis does not answer ---------------------------------------------------------------
+
+
+def _in_background(coro) -> None:
+    task = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _cancel(state: AppState, request_id: str, delivered: int) -> None:
+    """Publish the cancel now, or keep trying in the background while Redis is away."""
+    try:
+        await publish_cancel(state.redis, state, request_id, delivered)
+    except UNREACHABLE:
+        cancel = lambda: publish_cancel(state.redis, state, request_id, delivered)  # noqa: E731
+        _in_background(_until_redis_returns(state, cancel, request_id))
+
+
+async def _forget(state: AppState, queued: QueuedRequest) -> None:
+    """A request whose admission Redis stopped answering half way: drop whatever it left."""
+    rid = queued.request_id
+    await _until_redis_returns(state, lambda: publish_cancel(state.redis, state, rid, 0), rid)
+    if queued.reservation is not None:
+        await _until_redis_returns(state, lambda: release(state, queued), rid)
+    else:  # the reservation may have run without its reply reaching us: free the slot
+        slot = rl.running_key(queued.tenant_id, queued.priority)
+        await _until_redis_returns(state, lambda: state.redis.zrem(slot, rid), rid)
+
+
+async def _until_redis_returns(state: AppState, call, request_id: str) -> None:
+    backoff = Backoff(cap_s=1.0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 2 * state.settings.redis_outage_s
+    while True:
+        try:
+            await call()
+            return
+        except UNREACHABLE:
+            if loop.time() > deadline:
+                log.warning("Redis stayed away: gave up cleaning up after %s", request_id)
+                return
+            await asyncio.sleep(backoff.next_s())

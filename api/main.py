@@ -1,21 +1,23 @@
 # The FastAPI app: assembles state, error handlers and routers; nothing else lives here.
 from __future__ import annotations
 
+import math
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from redis.asyncio import Redis
 
 from api import errors
 from api import metrics as metrics_routes
 from api.auth import KeyVerifier
 from api.drain import Drain
+from api.load_shedding import LoadShedder
 from api.routes import admin, batches, chat, completions, files, health, internal, models, usage
 from api.state import AppState
 from engine.tokenizer import Tokenizer
 from metering.db import make_engine, make_sessionmaker
 from service.celery_app import configure
+from service.redis_clients import async_redis
 from service.schemas.models import ModelCard
 from service.settings import Settings
 
@@ -24,22 +26,31 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         configure(settings, redis_url)  # the batch routes send tasks through it
-        db = make_engine(database_url)
+        # A database that does not answer fails a new connection after this long (libpq's
+        # minimum is 2 s) rather than hanging a request.
+        connect_timeout = max(2, math.ceil(settings.database_timeout_s))
+        db = make_engine(database_url, connect_args={"connect_timeout": connect_timeout})
         sessions = make_sessionmaker(db)
-        redis = Redis.from_url(
-            redis_url, decode_responses=True, max_connections=settings.redis_max_connections
-        )
+        redis = async_redis(redis_url, settings, max_connections=settings.redis_max_connections)
+        max_model_len = settings.resolved_max_model_len()
         app.state.fleetlm = AppState(
             settings=settings,
             redis=redis,
             db=db,
             sessions=sessions,
-            keys=KeyVerifier(sessions, settings.api_key_cache_s),
+            keys=KeyVerifier(
+                sessions,
+                settings.api_key_cache_s,
+                stale_s=settings.api_key_stale_s,
+                timeout_s=settings.database_timeout_s,
+                retry_after_s=settings.unavailable_retry_after_s,
+            ),
+            shedder=LoadShedder(settings, max_model_len),
             tokenizer=Tokenizer.for_model(settings.model),
             model_card=ModelCard(
                 id=settings.model_name,
                 created=int(time.time()),
-                max_model_len=settings.resolved_max_model_len(),
+                max_model_len=max_model_len,
             ),
         )
         try:

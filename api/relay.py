@@ -1,17 +1,31 @@
-# Reads one request's output stream (fleetlm:out:{id}) as events. Between events it watches
-# liveness, so no request hangs: once a worker has published for the request, its heartbeat key
-# must stay (gone → error after at most worker_dead_after_s + relay_poll_s from the worker's last
-# heartbeat); before that, some worker must be alive (none for no_worker_timeout_s → error).
+# Reads one request's output stream (fleetlm:out:{id}) as events, by the stream's rules
+# (service/output_stream.py). Between events it watches liveness, so no request hangs:
+# - once a worker runs the request, its heartbeat key must stay; when it goes, another worker
+#   takes the request over (a `resume` event, then its deltas) or, if none does within
+#   no_worker_timeout_s, the relay ends it with `worker_lost`: at most
+#   worker_dead_after_s + no_worker_timeout_s + relay_poll_s after the last heartbeat;
+# - before that, some worker must be alive (none for no_worker_timeout_s → `no_workers`);
+# - Redis unreachable: it keeps reading with back-off and ends the request with
+#   `redis_unavailable` once Redis has been away for redis_outage_s;
+# - the API's drain deadline (api/drain.py) ends it with `shutdown`.
+# A stream silent for sse_keepalive_s yields a keep-alive, so the client always hears something.
+# Events the relay makes itself carry no "worker": the worker still has to learn the request
+# ended (the caller publishes a cancel).
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from redis.asyncio import Redis
 
 from service import streams as p
-from service.events import FINAL_EVENTS, Event, decode_event
+from service.events import FINAL_EVENTS, ErrorEvent, Event, decode_event, error_event
+from service.output_stream import OutputFollower
+from service.redis_clients import UNREACHABLE, Backoff
 from service.settings import Settings
+
+KEEPALIVE: dict = {"type": "keepalive"}
 
 
 async def live_workers(redis: Redis) -> list[str]:
@@ -25,39 +39,109 @@ async def live_workers(redis: Redis) -> list[str]:
     return [w for w, a in zip(members, alive) if a is not None]
 
 
-async def relay_events(redis: Redis, settings: Settings, request_id: str) -> AsyncIterator[dict]:
+class Liveness:
+    """Whether someone is (or will be) running the request: the deadline logic of one relay."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.timeout_s = settings.no_worker_timeout_s
+        self.since: float | None = None  # nobody seen running it (or able to) since then
+
+    def ok(self) -> None:
+        self.since = None
+
+    def missing(self, now: float) -> bool:
+        """True once nobody has been there for the timeout."""
+        if self.since is None:
+            self.since = now
+        return now - self.since > self.timeout_s
+
+
+async def relay_events(
+    redis: Redis,
+    settings: Settings,
+    request_id: str,
+    deadline_passed: Callable[[], bool] = lambda: False,
+) -> AsyncIterator[dict]:
     key = p.output_key(request_id)
     last_id = "0-0"
-    worker: str | None = None
-    no_worker_since: float | None = None
+    follower = OutputFollower()
+    liveness = Liveness(settings)
+    outage_since: float | None = None
+    backoff = Backoff(cap_s=settings.relay_poll_s)
     block_ms = max(1, int(settings.relay_poll_s * 1000))
+    last_yield = time.monotonic()
     while True:
-        response = await redis.xread({key: last_id}, count=512, block=block_ms)
-        if response:
-            for _, entries in response:
-                for entry_id, fields in entries:
-                    last_id = entry_id
-                    event: Event = decode_event(fields)
-                    worker = event.get("worker") or worker
-                    yield event
-                    if event["type"] in FINAL_EVENTS:
-                        return
+        if deadline_passed():
+            yield error_event("The server is shutting down; the request was stopped.", "shutdown")
+            return
+        now = time.monotonic()
+        if now - last_yield >= settings.sse_keepalive_s:
+            last_yield = now
+            yield KEEPALIVE
+        gone = None
+        try:
+            response = await redis.xread({key: last_id}, count=512, block=block_ms)
+            if not response:
+                gone = await _nobody_running(redis, follower, liveness)
+        except UNREACHABLE:
+            if outage_since is None:
+                outage_since = now
+            elif now - outage_since > settings.redis_outage_s:
+                yield _outage_error(settings)
+                return
+            await asyncio.sleep(backoff.next_s())
             continue
-        if worker is not None:
-            # Started on a worker: it must stay alive until the request ends.
-            if not await redis.exists(p.alive_key(worker)):
-                yield {
-                    "type": "error",
-                    "code": "worker_lost",
-                    "message": f"worker {worker} stopped while running this request",
-                }
+        if outage_since is not None:
+            # Every heartbeat lapsed meanwhile: judge liveness afresh from here.
+            outage_since = None
+            backoff.reset()
+            liveness.ok()
+        if not response:
+            if gone is not None:
+                yield gone
                 return
             continue
-        # Still queued: it only needs some live worker to eventually pick it up.
-        if await live_workers(redis):
-            no_worker_since = None
-        elif no_worker_since is None:
-            no_worker_since = time.monotonic()
-        elif time.monotonic() - no_worker_since > settings.no_worker_timeout_s:
-            yield {"type": "error", "code": "no_workers", "message": "no live worker to run it"}
-            return
+        for _, entries in response:
+            for entry_id, fields in entries:
+                last_id = entry_id
+                event: Event = decode_event(fields)
+                if not follower.accept(event):
+                    continue
+                liveness.ok()
+                last_yield = time.monotonic()
+                yield event
+                if event["type"] in FINAL_EVENTS:
+                    return
+
+
+async def _nobody_running(
+    redis: Redis, follower: OutputFollower, liveness: Liveness
+) -> ErrorEvent | None:
+    """After a quiet poll: the error to end with if nobody has been running the request for the
+    timeout, else None."""
+    now = time.monotonic()
+    if follower.owner is not None:
+        # Started on a worker: it must stay alive, or another one must take the request over.
+        if await redis.exists(p.alive_key(follower.owner)):
+            liveness.ok()
+            return None
+        if liveness.missing(now):
+            return error_event(
+                f"worker {follower.owner} stopped while running this request and no other "
+                "worker took it over",
+                "worker_lost",
+            )
+        return None
+    # Still queued: it only needs some live worker to eventually pick it up.
+    if await live_workers(redis):
+        liveness.ok()
+    elif liveness.missing(now):
+        return error_event("no live worker to run it", "no_workers")
+    return None
+
+
+def _outage_error(settings: Settings) -> ErrorEvent:
+    return error_event(
+        f"Redis was unreachable for more than {settings.redis_outage_s:.0f}s",
+        "redis_unavailable",
+    )

@@ -8,6 +8,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import KeyVerifier
+from api.load_shedding import LoadShedder
 from service.schemas.models import ModelCard
 from service.settings import Settings
 
@@ -19,5 +20,6 @@ class AppState:
     db: Engine
     sessions: sessionmaker[Session]
     keys: KeyVerifier
+    shedder: LoadShedder
     tokenizer: object  # engine.tokenizer.Tokenizer | ByteTokenizer
     model_card: ModelCard

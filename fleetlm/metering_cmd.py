@@ -32,9 +32,11 @@ def run(args: argparse.Namespace) -> int:
         batch_size=settings.metering_batch_size,
         claim_idle_ms=int(settings.metering_claim_idle_s * 1000),
         retain_s=settings.metering_retain_s,
+        redis_timeout_s=settings.redis_timeout_s,
     )
     try:
         writer.run(stop, retry_s=settings.metering_retry_s)
+        writer.flush(timeout_s=5.0)
     finally:
         writer.close()
     return 0

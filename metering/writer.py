@@ -18,6 +18,8 @@ from datetime import date
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from metering.db import make_engine, make_sessionmaker, transaction
@@ -28,6 +30,7 @@ log = logging.getLogger("fleetlm.metering")
 
 DEAD_LETTER_STREAM = f"{METERING_STREAM}:dead"
 GROUP = "metering"
+BLOCK_MS = 1000  # a read waits this long for new records
 
 Entry = tuple[str, dict[str, str] | None]
 
@@ -47,8 +50,16 @@ class MeteringWriter:
         batch_size: int = 500,
         claim_idle_ms: int = 30_000,
         retain_s: float = 3600.0,
+        redis_timeout_s: float = 5.0,
     ) -> None:
-        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        # Bounded: a paused Redis must not hang the writer (it retries, run() below).
+        self.redis = redis.Redis.from_url(
+            redis_url,
+            decode_responses=True,
+            socket_timeout=redis_timeout_s + BLOCK_MS / 1000,  # reads block up to BLOCK_MS
+            socket_connect_timeout=redis_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
         self.db = make_engine(database_url)
         self.sessions = make_sessionmaker(self.db)
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
@@ -192,11 +203,14 @@ class MeteringWriter:
 
     # -- the process ---------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, block_ms: int = 1000, retry_s: float = 1.0) -> None:
-        self.ensure_group()
+    def run(self, stop: threading.Event, block_ms: int = BLOCK_MS, retry_s: float = 1.0) -> None:
         log.info("metering writer %s consuming %s", self.consumer, METERING_STREAM)
+        ready = False
         while not stop.is_set():
             try:
+                if not ready:
+                    self.ensure_group()
+                    ready = True
                 self.step(block_ms)
             except SQLAlchemyError as exc:
                 log.warning("database unavailable, records stay in Redis: %s", exc.__class__)
@@ -204,3 +218,19 @@ class MeteringWriter:
             except redis.RedisError as exc:
                 log.warning("redis error: %s", exc)
                 stop.wait(retry_s)
+
+    def flush(self, timeout_s: float) -> int:
+        """On the way out: writes what the stream still holds (the last records of workers
+        that stopped just before), for up to timeout_s. Returns the records written."""
+        deadline = time.monotonic() + timeout_s
+        written = 0
+        while time.monotonic() < deadline:
+            try:
+                n = self.step(None)
+            except (SQLAlchemyError, redis.RedisError) as exc:
+                log.warning("could not flush the metering stream: %s", exc.__class__)
+                break
+            if not n:
+                break
+            written += n
+        return written

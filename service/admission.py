@@ -2,6 +2,8 @@
 # batch runner's once-per-request-id variant), and the cancel a client that went away publishes.
 from __future__ import annotations
 
+import math
+
 from redis.asyncio import Redis
 
 from service import streams as p
@@ -9,22 +11,39 @@ from service.context import AdmissionContext
 from service.errors import APIError
 from service.queued_request import QueuedRequest
 
-# KEYS: the queue. ARGV: queue limit, encoded request. XADD only while XLEN is under the limit.
+# KEYS: the queue, its queued-tokens counter. ARGV: queue limit, encoded request, its queued
+# tokens. XADD only while XLEN is under the limit.
 ENQUEUE_SCRIPT = """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+redis.call('INCRBY', KEYS[2], tonumber(ARGV[3]))
 return redis.call('XADD', KEYS[1], '*', 'r', ARGV[2])
 """
 
-# KEYS: the queue, the request's marker. ARGV: queue limit, encoded request, marker TTL.
-# Returns the entry id (the existing one when already enqueued), or false when the queue is full.
+# KEYS: the queue, its queued-tokens counter, the request's marker. ARGV: queue limit, encoded
+# request, its queued tokens, marker TTL. Returns the entry id (the existing one when already
+# enqueued), or false when the queue is full.
 ENQUEUE_ONCE_SCRIPT = """
-local done = redis.call('GET', KEYS[2])
+local done = redis.call('GET', KEYS[3])
 if done then return done end
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+redis.call('INCRBY', KEYS[2], tonumber(ARGV[3]))
 local id = redis.call('XADD', KEYS[1], '*', 'r', ARGV[2])
-redis.call('SET', KEYS[2], id, 'EX', tonumber(ARGV[3]))
+redis.call('SET', KEYS[3], id, 'EX', tonumber(ARGV[4]))
 return id
 """
+
+
+# A request's expected output before any worker has measured the mean (workers/load_report.py).
+DEFAULT_OUTPUT_TOKENS = 256.0
+
+
+def queued_tokens(queued: QueuedRequest, max_model_len: int, mean_output: float | None) -> int:
+    """The work a request adds to its queue, in tokens: its prompt and its expected output (the
+    fleet's mean output, or max_tokens when that is smaller)."""
+    num_prompt = len(queued.prompt_token_ids)
+    max_tokens = queued.sampling.max_tokens or max(max_model_len - num_prompt, 1)
+    expected = DEFAULT_OUTPUT_TOKENS if mean_output is None else mean_output
+    return num_prompt + min(max_tokens, math.ceil(expected))
 
 
 def enqueued_key(request_id: str) -> str:
@@ -35,10 +54,12 @@ async def enqueue(redis: Redis, state: AdmissionContext, queued: QueuedRequest) 
     settings = state.settings
     added = await redis.eval(
         ENQUEUE_SCRIPT,
-        1,
+        2,
         p.queue_key(queued.priority),
+        p.queued_tokens_key(queued.priority),
         settings.max_queue_len,
         queued.encode(),
+        queued.queued_tokens,
     )
     if added is None:
         raise APIError(
@@ -57,11 +78,13 @@ async def enqueue_once(state: AdmissionContext, queued: QueuedRequest) -> str | 
     the queue is full."""
     entry_id = await state.redis.eval(
         ENQUEUE_ONCE_SCRIPT,
-        2,
+        3,
         p.queue_key(queued.priority),
+        p.queued_tokens_key(queued.priority),
         enqueued_key(queued.request_id),
         state.settings.max_queue_len,
         queued.encode(),
+        queued.queued_tokens,
         state.settings.batch_output_ttl_s,
     )
     if entry_id is None or isinstance(entry_id, str):
@@ -69,5 +92,10 @@ async def enqueue_once(state: AdmissionContext, queued: QueuedRequest) -> str | 
     return entry_id.decode()
 
 
-async def publish_cancel(redis: Redis, state: AdmissionContext, request_id: str) -> None:
-    await redis.set(p.cancel_key(request_id), "1", ex=state.settings.output_ttl_s)
+async def publish_cancel(
+    redis: Redis, state: AdmissionContext, request_id: str, delivered: int | None = None
+) -> None:
+    """`delivered`: output tokens the client received, which is what the request is billed
+    (the worker may have produced a few more before it sees the cancel)."""
+    value, ttl = p.cancel_value(delivered), state.settings.output_ttl_s
+    await redis.set(p.cancel_key(request_id), value, ex=ttl)

@@ -37,8 +37,34 @@ def invalid_param(param: str, message: str, code: str | None = None) -> APIError
     return APIError(400, message, param=param, code=code)
 
 
+def unavailable(what: str, code: str, retry_after_s: int) -> APIError:
+    """503 while a service the request needs does not answer: retry shortly, never a 500."""
+    return APIError(
+        503,
+        f"{what} is unavailable; retry the request shortly.",
+        type="server_error",
+        code=code,
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def redis_unavailable(retry_after_s: int) -> APIError:
+    return unavailable("The request queue", "redis_unavailable", retry_after_s)
+
+
+def database_unavailable(retry_after_s: int) -> APIError:
+    return unavailable("The database", "database_unavailable", retry_after_s)
+
+
 # Worker-side error codes → HTTP status for non-streaming responses.
-EVENT_STATUS = {"invalid_request": 400, "worker_lost": 503, "no_workers": 503, "cancelled": 499}
+EVENT_STATUS = {
+    "invalid_request": 400,
+    "worker_lost": 503,
+    "no_workers": 503,
+    "redis_unavailable": 503,
+    "shutdown": 503,
+    "cancelled": 499,
+}
 
 
 def event_error(event: dict[str, Any]) -> APIError:

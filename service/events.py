@@ -1,6 +1,8 @@
 # Output events: one JSON object in field "e" of each fleetlm:out:{request_id} entry, written by
-# the worker (and, for liveness errors, by the relay) and read by the API's relay and the batch
-# runner. "done" and "error" are final: a reader stops there. Defined, encoded and decoded here.
+# the workers and read by the API's relay and the batch runner (through service/output_stream.py,
+# which applies the stream's rules: a resume hands the stream to another worker, and a token
+# position is delivered once). "done" and "error" are final: a reader stops there. Defined,
+# encoded and decoded here.
 from __future__ import annotations
 
 import json
@@ -15,7 +17,17 @@ class DeltaEvent(TypedDict):
     type: Literal["delta"]
     text: str
     worker: str
-    completion_tokens: int  # so far: what a reclaiming worker bills if this worker dies
+    completion_tokens: int  # so far, this event's included: the position a reader has reached
+    token_ids: list[int]  # this event's tokens: what another worker re-runs if this one dies
+    cached_tokens: NotRequired[int]  # on a request's first delta: prompt tokens found cached
+
+
+class ResumeEvent(TypedDict):
+    """A worker took the request over from one that stopped (service/output_stream.py): from
+    here on only its events count; it continues after the tokens delivered before this event."""
+
+    type: Literal["resume"]
+    worker: str
 
 
 class DoneEvent(TypedDict):
@@ -29,13 +41,15 @@ class DoneEvent(TypedDict):
 class ErrorEvent(TypedDict):
     type: Literal["error"]
     message: str
-    code: str  # cancelled | invalid_request | engine_error | worker_lost | no_workers
+    # cancelled | invalid_request | engine_error | worker_lost | no_workers | shutdown |
+    # redis_unavailable
+    code: str
     text: NotRequired[str]  # the last text the engine produced before it ended
     worker: NotRequired[str | None]  # absent when the relay itself gave up
     usage: NotRequired[UsageCounts]
 
 
-Event = DeltaEvent | DoneEvent | ErrorEvent
+Event = DeltaEvent | ResumeEvent | DoneEvent | ErrorEvent
 
 
 def error_event(message: str, code: str) -> ErrorEvent:

@@ -39,6 +39,9 @@ class QueuedRequest:
     enqueued_at: float  # wall clock (time.time()) at admission; the engine's arrival time
     batch_id: str | None = None
     reservation: Reservation | None = None  # on the tenant's limits; the request's end frees it
+    # What admission added to the queue's token counter (streams.queued_tokens_key): the worker
+    # that reads the entry takes the same amount off.
+    queued_tokens: int = 0
 
     def encode(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

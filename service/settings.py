@@ -87,6 +87,17 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
 
+    # -- faults and overload (docs/operations.md#faults-and-overload) ------------------------
+    redis_timeout_s: float = 5.0  # connect and reply timeout of every Redis client
+    redis_outage_s: float = 30.0  # streams and workers ride out an unreachable Redis this long
+    unavailable_retry_after_s: int = 2  # Retry-After of a 503 while Redis or Postgres is away
+    database_timeout_s: float = 2.0  # API: a key lookup waits this long for Postgres
+    api_key_stale_s: float = 3600.0  # a verified key keeps working this long while Postgres is away
+    sse_keepalive_s: float = 2.0  # an SSE comment after this long without an event
+    max_queue_wait_s: float = 10.0  # interactive: shed (503) when the predicted wait is longer
+    batch_max_queue_wait_s: float = 10.0  # flex (batch priority), which also waits on interactive
+    load_refresh_s: float = 0.5  # how often an API process re-reads the queues' load
+
     # -- batches (docs/batches.md) ---------------------------------------------------------
     file_max_bytes: int = 200 * 1024 * 1024  # one uploaded file
     batch_max_lines: int = 50_000  # requests in one batch input file

@@ -5,7 +5,11 @@
 #                                   queue limit counts)
 #   fleetlm:out:{request_id}        stream of output events for one request (service/events.py;
 #                                   expires)
-#   fleetlm:cancel:{request_id}     string set by the API when the client goes away (expires)
+#   fleetlm:q:{priority}:tokens     the work queued and not yet read by a worker, in tokens
+#                                   (prompt + expected output; admission adds, workers subtract;
+#                                   the API's load shedding reads it)
+#   fleetlm:cancel:{request_id}     string set by the API when the client goes away (expires):
+#                                   "n=<tokens>" when it knows how many tokens the client got
 #   fleetlm:metering                stream of one usage record per finished request, and the
 #                                   workers' busy records (metering/records.py)
 #   fleetlm:workers                 set of worker ids ever registered (pruned when dead)
@@ -32,8 +36,23 @@ def output_key(request_id: str) -> str:
     return f"fleetlm:out:{request_id}"
 
 
+def queued_tokens_key(priority: Priority) -> str:
+    return f"fleetlm:q:{priority}:tokens"
+
+
 def cancel_key(request_id: str) -> str:
     return f"fleetlm:cancel:{request_id}"
+
+
+def cancel_value(delivered: int | None) -> str:
+    """A cancel flag's value: the output tokens the client received, when the canceller knows."""
+    return "1" if delivered is None else f"n={delivered}"
+
+
+def delivered_of(value: str | None) -> int | None:
+    if value is None or not value.startswith("n="):
+        return None
+    return int(value[2:])
 
 
 def alive_key(worker_id: str) -> str:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from metering.keys import Principal
-from service.admission import enqueue_once
+from service.admission import enqueue_once, queued_tokens
 from service.errors import APIError
 from service.limits import release, reserve, reserved_tokens
 from service.prepare import prepare_chat, prepare_completion
@@ -80,6 +80,7 @@ async def admit(
         return _rejected(exc)
     queued.batch_id = batch_id
     queued.enqueued_at = time.time()
+    queued.queued_tokens = queued_tokens(queued, context.model_card.max_model_len, None)
     tpm = principal.limit("batch").tokens_per_minute
     if tpm is not None and reserved_tokens(context, queued) > tpm:
         try:

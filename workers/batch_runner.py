@@ -15,8 +15,6 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-import redis
-from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session, sessionmaker
 
 from metering import batch_requests as batch_lines
@@ -30,7 +28,9 @@ from metering.records import usage_counts
 from service import streams as p
 from service.errors import event_error
 from service.events import FINAL_EVENTS, Event, decode_event
+from service.output_stream import follow
 from service.queued_request import QueuedRequest
+from service.redis_clients import async_redis, sync_redis
 from service.schemas.chat import ChatFormatter
 from service.schemas.completions import CompletionFormatter
 from service.schemas.models import ModelCard
@@ -59,7 +59,7 @@ class Runner:
         self.settings = settings
         self.sessions = sessions
         self.redis_url = redis_url
-        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.redis = sync_redis(redis_url, settings)
         self.tokenizer = Tokenizer.for_model(settings.model)
         self.model_card = ModelCard(
             id=settings.model_name, created=0, max_model_len=settings.resolved_max_model_len()
@@ -144,7 +144,7 @@ class Runner:
             asyncio.run(self._admit_all(session, batch, rows))
 
     async def _admit_all(self, session: Session, batch: Batch, rows: list[BatchRequest]) -> None:
-        client = AsyncRedis.from_url(self.redis_url, decode_responses=True)
+        client = async_redis(self.redis_url, self.settings)
         context = ba.BatchAdmissionContext(self.settings, client, self.tokenizer, self.model_card)
         principal = principal_of_key(session, batch.tenant_id, batch.key_id)
         try:
@@ -176,7 +176,10 @@ class Runner:
         for row, last in zip(rows, pipe.execute()):
             if not last or decode_event(last[0][1])["type"] not in FINAL_EVENTS:
                 continue
-            events = [decode_event(f) for _, f in self.redis.xrange(p.output_key(row.request_id))]
+            raw = [decode_event(f) for _, f in self.redis.xrange(p.output_key(row.request_id))]
+            follower, events = follow(raw)  # a stale worker's final event may come last
+            if not follower.finished:
+                continue
             self._record(batch, row, events)
             done.append(row.request_id)
         return done

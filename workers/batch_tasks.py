@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from redis import RedisError
+from sqlalchemy.exc import DBAPIError
+
 from metering.db import make_engine, make_sessionmaker
 from service.celery_app import ADVANCE_TASK, SWEEP_TASK, app
 from service.settings import Settings
@@ -27,7 +30,17 @@ def runner() -> Runner:
     return Runner(settings, sessions, settings.redis_url)
 
 
-@app.task(name=ADVANCE_TASK)
+# Redis or Postgres away: the pump is idempotent, so it is simply run again with back-off (and
+# should the retry itself not reach the broker, the beat sweep re-arms the batch).
+_RETRY = {
+    "autoretry_for": (RedisError, DBAPIError),
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "max_retries": None,
+}
+
+
+@app.task(name=ADVANCE_TASK, **_RETRY)
 def advance(batch_id: str, token: str) -> None:
     """One pump of the batch; re-schedules itself while the batch is active."""
     r = runner()

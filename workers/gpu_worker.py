@@ -6,10 +6,16 @@
 # thread), so it costs the GPU nothing; what it read applies before step N+2. A heartbeat thread
 # keeps the worker's alive key and the idle time of its pending queue entries fresh, so
 # XAUTOCLAIM by other workers takes only the entries of a worker that stopped heartbeating.
+#
+# Redis away: a round trip that fails leaves everything it carried to the next one (what it
+# publishes is idempotent for readers, its finishes are fenced: workers/ownership.py) and the
+# worker stops stepping — the engine keeps its state, nothing is generated that nobody can
+# receive — and retries with back-off. When Redis answers again it publishes what waited and
+# carries on; after `redis_outage_s` it ends its requests explicitly (billing what it had
+# published) and keeps waiting for Redis to deliver those ends. It never exits on a Redis error.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import secrets
@@ -22,8 +28,7 @@ from typing import Any
 import redis
 
 from engine import LLMEngine, SamplingParams
-from metering.ratelimit import release_call
-from metering.records import encode_record, usage_counts
+from metering.records import usage_counts
 from service import streams as p
 from service.events import (
     DeltaEvent,
@@ -33,9 +38,14 @@ from service.events import (
     encode_event,
     error_event,
 )
+from service.output_stream import follow
 from service.queued_request import QueuedRequest
+from service.redis_clients import UNREACHABLE, Backoff, sync_redis
 from service.settings import Settings
+from workers.inflight import Inflight
+from workers.load_report import LoadReport
 from workers.metrics import WorkerMetrics
+from workers.ownership import finish_call, heartbeat_call, requeue_call, takeover_call
 from workers.step_timing import StepTiming
 from workers.usage import BusyMeter, usage_record
 
@@ -44,15 +54,7 @@ log = logging.getLogger("fleetlm.worker")
 # A stream's TTL is set with its first event and refreshed every this many (and at its end),
 # not with every token: one command per token instead of two on the step's round trip.
 TTL_REFRESH_EVENTS = 256
-
-
-@dataclass(slots=True)
-class Inflight:
-    req: QueuedRequest
-    queue: str
-    entry_id: str
-    published: bool = False  # any output event sent: from then on it can no longer be re-run
-    num_events: int = 0  # delta events published (the stream's TTL is refreshed now and then)
+SHUTDOWN_ATTEMPTS_S = 10.0  # the last round trip is retried this long while Redis is away
 
 
 @dataclass(slots=True)
@@ -60,11 +62,19 @@ class Exchange:
     """One step's Redis round trip, and where its replies land in the results."""
 
     pipe: redis.client.Pipeline
+    num_deltas: int = 0  # of the unpublished deltas, how many it carries
+    num_failed: int = 0
+    num_requeues: int = 0
+    num_acks: int = 0
+    dequeued: dict[str, int] = field(default_factory=dict)
+    sent: list[tuple[Inflight, int]] = field(default_factory=list)  # (request, tokens through)
+    finished: list[tuple[Inflight, Any]] = field(default_factory=list)  # (request, its record)
     ids: list[str] = field(default_factory=list)  # inflight ids whose cancel keys were read
     streams: list[str] = field(default_factory=list)  # queues XAUTOCLAIMed, in order
     at_cancels: int = -1
     at_reclaim: int = -1
     at_read: int = -1  # the XREADGROUP's reply, or -1 when nothing was read
+    idle: bool = False  # nothing to step: the read may block
     build_s: float = 0.0
     io_s: float = 0.0
 
@@ -91,36 +101,43 @@ class GpuWorker:
     def __init__(self, settings: Settings, redis_url: str, worker_id: str | None = None) -> None:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
-        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
-        self._hb_redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.redis = sync_redis(redis_url, settings)
+        self._hb_redis = sync_redis(redis_url, settings)
         self.engine = build_engine(settings)
         self.inflight: dict[str, Inflight] = {}
-        self._lock = threading.Lock()  # guards `inflight` against the heartbeat thread
-        self._failed: list[tuple[Inflight, ErrorEvent]] = []  # (request, final error event)
+        self._lock = threading.Lock()  # guards `inflight` and `_lost` against the heartbeat
+        # Waiting for the next round trip that succeeds (each list is sent whole, and cleared
+        # only once Redis has taken it):
+        self._unpublished: list = []  # engine deltas
+        self._failed: list[tuple[Inflight, ErrorEvent]] = []  # requests to end with this event
+        self._requeues: list[Inflight] = []  # unstarted requests handed back (drain)
+        self._acks: list[tuple[str, str]] = []  # (queue, entry) of entries deleted while pending
+        self._dequeued: dict[str, int] = {}  # priority → queued tokens read off its queue
+        self._busy_record: dict[str, str] | None = None
+        self._lost: list[str] = []  # entries the heartbeat found claimed by another worker
         self.stopping = threading.Event()
         # Drain (SIGTERM): read no new work, hand back the unstarted, let the rest finish until
-        # drain_timeout_s, then stop as usual.
+        # drain_timeout_s, then end what still runs (`shutdown` error, billed as published).
         self.draining = threading.Event()
         self._drain_deadline: float | None = None
+        self.outage_since: float | None = None  # Redis unreachable since (monotonic)
+        self._outage_ended = False  # requests were ended for this outage
+        self._backoff = Backoff()
+        self._reclaim_after = 0.0  # monotonic: no XAUTOCLAIM before (others' heartbeats resume)
         self.num_steps = 0
         self.last_cancel_step = -1  # the step after which the last cancel freed its KV blocks
         self._last_reclaim = 0.0
         self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
         self._dead_after_ms = int(settings.worker_dead_after_s * 1000)
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
+        self.load = LoadReport()
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def run(self) -> None:
-        for priority in p.PRIORITIES:
-            try:
-                self.redis.xgroup_create(p.queue_key(priority), p.GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-        self._heartbeat()
+        self._until_redis_answers(self._create_groups)
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
@@ -129,7 +146,6 @@ class GpuWorker:
         gc.collect()
         gc.freeze()
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
-        self._unpublished: list = []  # the last step's deltas, for the next round trip
         try:
             while not self.stopping.is_set():
                 if self.draining.is_set() and self._drained():
@@ -138,18 +154,39 @@ class GpuWorker:
         finally:
             self.step_timing.flush(force=True)
             self.step_timing.close()
-            self._shutdown(self._unpublished)
+            self._shutdown()
+
+    def _create_groups(self) -> None:
+        for priority in p.PRIORITIES:
+            try:
+                self.redis.xgroup_create(p.queue_key(priority), p.GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        self._heartbeat()
+
+    def _until_redis_answers(self, call) -> None:
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            try:
+                return call()
+            except UNREACHABLE as exc:
+                log.warning("redis unreachable (%s); retrying", exc.__class__.__name__)
+                self.stopping.wait(backoff.next_s())
 
     def _turn(self) -> None:
         """One loop turn: launch a step, do the Redis round trip for the previous one while
         the GPU works, finish the step, then apply what the round trip read."""
+        if self.outage_since is not None:
+            self._ride_out_outage()
+            return
         loop_started = time.perf_counter()
         overlap = self.settings.worker_overlap_exchange
         step = self.engine.begin_step() if self.engine.has_unfinished() else None
         launched = time.perf_counter()
+        reply = None
         if overlap or step is None:
-            exchange, results = self._exchange(self._unpublished, busy=step is not None)
-            self._unpublished = []
+            reply = self._round_trip(busy=step is not None)
         row = -1
         if step is not None:
             finishing = time.perf_counter()
@@ -157,115 +194,210 @@ class GpuWorker:
             elapsed = (launched - loop_started) + (time.perf_counter() - finishing)
             row = self.engine.last_step_row
             self.busy.add(elapsed)
+            self.load.on_step(step.out.total_tokens if step.out is not None else 0, elapsed)
             self.num_steps += 1
             self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
-            if overlap:
-                self._unpublished = deltas
-            else:
-                exchange, results = self._exchange(deltas, busy=False)
-        self._apply(exchange, results, row)
+            self._unpublished += deltas
+            if not overlap:
+                reply = self._round_trip(busy=False)
+        if reply is not None:
+            self._apply(*reply, row)
         self.step_timing.end_loop(row, loop_started)
+
+    def _ride_out_outage(self) -> None:
+        """Redis is away: no step (nobody could receive its tokens), retry the round trip."""
+        assert self.outage_since is not None
+        if not self._outage_ended and (
+            time.monotonic() - self.outage_since > self.settings.redis_outage_s
+        ):
+            self._end_all(
+                error_event(
+                    f"Redis was unreachable for more than {self.settings.redis_outage_s:.0f}s",
+                    "redis_unavailable",
+                ),
+                through=lambda f: f.confirmed_tokens,
+            )
+            self._outage_ended = True
+        self.stopping.wait(self._backoff.next_s())
+        reply = self._round_trip(busy=False)
+        if reply is not None:
+            self._apply(*reply, -1)
+
+    def _end_all(self, event: ErrorEvent, *, through) -> None:
+        """Ends every request this worker runs with `event`, billed `through(request)` output
+        tokens; their deltas not yet published are dropped (billing stops where the client's
+        stream stopped)."""
+        ended = set()
+        failing = {f.request_id for f, _ in self._failed}
+        with self._lock:
+            inflight = list(self.inflight.values())
+        for f in inflight:
+            if f.final is not None or f.request_id in failing:
+                continue
+            self._abort(f.request_id)
+            f.final = error_event(event["message"], event["code"])
+            f.final["usage"] = f.usage(through(f))
+            self._failed.append((f, f.final))
+            ended.add(f.request_id)
+        self._unpublished = [d for d in self._unpublished if d.request_id not in ended]
+        if ended:
+            log.warning("ended %d requests: %s", len(ended), event["message"])
 
     def _heartbeat(self) -> None:
         with self._lock:
-            owned: dict[str, list[str]] = {}
-            for f in self.inflight.values():
-                owned.setdefault(f.queue, []).append(f.entry_id)
-        pipe = self._hb_redis.pipeline(transaction=False)
-        info = json.dumps({"pid": os.getpid(), "model": self.settings.model_name})
-        pipe.set(p.alive_key(self.worker_id), info, px=self._dead_after_ms)
-        pipe.sadd(p.WORKERS_SET, self.worker_id)
-        for queue, ids in owned.items():
-            # Resets the idle time of our own pending entries (JUSTID: no delivery count bump).
-            pipe.xclaim(queue, p.GROUP, self.worker_id, 0, ids, justid=True)
-        pipe.execute()
+            owned = [(f.queue, f.entry_id) for f in self.inflight.values()]
+        info = {"pid": os.getpid(), "model": self.settings.model_name}
+        lost = self._hb_redis.eval(
+            *heartbeat_call(self.worker_id, info, self._dead_after_ms, owned)
+        )
+        if lost:
+            with self._lock:
+                self._lost += lost
 
     def _heartbeat_loop(self) -> None:
+        failing = False
         while not self.stopping.wait(self.settings.heartbeat_interval_s):
             try:
                 self._heartbeat()
+                failing = False
             except redis.RedisError as exc:
-                log.warning("heartbeat failed: %s", exc)
+                if not failing:
+                    log.warning("heartbeat failed: %s", exc)
+                failing = True
 
     def _drained(self) -> bool:
         """Drain bookkeeping at the top of each loop turn; True once nothing is left to run."""
         if self._drain_deadline is None:
             self._drain_deadline = time.monotonic() + self.settings.drain_timeout_s
-            failing = {f.req.request_id for f, _ in self._failed}
+            failing = {f.request_id for f, _ in self._failed}
             with self._lock:
                 unstarted = [
                     f
                     for f in self.inflight.values()
-                    if not f.published and f.req.request_id not in failing
+                    if not f.published and f.final is None and f.request_id not in failing
                 ]
                 for f in unstarted:
-                    del self.inflight[f.req.request_id]
-            pipe = self.redis.pipeline(transaction=False)
+                    del self.inflight[f.request_id]
             for f in unstarted:
-                self.engine.abort(f.req.request_id)
-                self._requeue(pipe, f)
-            pipe.execute()
+                self._abort(f.request_id)
+                self.metrics.forget(f.request_id)
+            self._requeues += unstarted
             log.info("draining: handed back %d, finishing %d", len(unstarted), len(self.inflight))
-        if not self.inflight and not self._failed:
+        if not self.inflight and not self._failed and not self._requeues:
             return True
         if time.monotonic() > self._drain_deadline:
             log.warning("drain deadline passed with %d requests running", len(self.inflight))
             return True
         return False
 
-    def _requeue(self, pipe: redis.client.Pipeline, f: Inflight) -> None:
-        """Back to the tail of its queue as a fresh entry, for any worker to take."""
-        self.metrics.forget(f.req.request_id)
-        pipe.xadd(f.queue, {"r": f.req.encode()})
-        pipe.xack(f.queue, p.GROUP, f.entry_id)
-        pipe.xdel(f.queue, f.entry_id)
-
-    def _shutdown(self, deltas: list) -> None:
-        """Publishes the last step's deltas, hands unstarted requests back to their queue and
-        fails the ones already streaming."""
-        pipe = self.redis.pipeline(transaction=False)
-        for delta in deltas:
-            self._publish(pipe, delta)
+    def _shutdown(self) -> None:
+        """Publishes what waits, ends the requests still streaming (`shutdown`, billed as
+        published), hands unstarted ones back to their queue, and leaves the worker set."""
+        failing = {f.request_id for f, _ in self._failed}
         with self._lock:
-            inflight, self.inflight = list(self.inflight.values()), {}
-        for f in inflight:
-            self.engine.abort(f.req.request_id)
-            if f.published:
-                self._finish(pipe, f, self._error_event("worker shutting down", "worker_lost"))
-            else:
-                self._requeue(pipe, f)
-        busy = self.busy.flush()
-        if busy is not None:
-            pipe.xadd(p.METERING_STREAM, busy)
-        pipe.delete(
-            p.alive_key(self.worker_id),
-            p.stats_key(self.worker_id),
-            p.metrics_key(self.worker_id),
+            unstarted = [
+                f
+                for f in self.inflight.values()
+                if not f.published and f.final is None and f.request_id not in failing
+            ]
+            for f in unstarted:
+                del self.inflight[f.request_id]
+        self._requeues += unstarted
+        self._end_all(
+            error_event("The server is shutting down; the request was stopped.", "shutdown"),
+            through=self._tokens_through,
         )
-        pipe.srem(p.WORKERS_SET, self.worker_id)
+        busy = self.busy.flush()
+        deadline = time.monotonic() + min(SHUTDOWN_ATTEMPTS_S, self.settings.redis_outage_s)
+        backoff = Backoff()
+        while True:
+            try:
+                exchange = self._build(busy=False, final=True)
+                if busy is not None:
+                    exchange.pipe.xadd(p.METERING_STREAM, busy)
+                exchange.pipe.delete(
+                    p.alive_key(self.worker_id),
+                    p.stats_key(self.worker_id),
+                    p.metrics_key(self.worker_id),
+                )
+                exchange.pipe.srem(p.WORKERS_SET, self.worker_id)
+                exchange.pipe.execute()
+                self._confirm(exchange)
+                return
+            except UNREACHABLE as exc:
+                if time.monotonic() > deadline:
+                    log.warning("could not hand back work on shutdown: %s", exc)
+                    return
+                time.sleep(backoff.next_s())
+
+    def _abort(self, request_id: str) -> bool:
         try:
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("could not hand back work on shutdown: %s", exc)
+            return self.engine.abort(request_id)
+        except RuntimeError:  # an error escaped mid-step (shutting down): nothing to free
+            return False
+
+    def _tokens_through(self, f: Inflight) -> int:
+        """Output tokens published once the deltas waiting for this request are sent too."""
+        pending = [
+            d.usage.completion_tokens for d in self._unpublished if d.request_id == f.request_id
+        ]
+        return max([f.sent_tokens, *pending])
 
     # -- the per-step round trip ----------------------------------------------------------
 
-    def _exchange(self, deltas: list, *, busy: bool) -> tuple[Exchange, list]:
-        """Publish `deltas`, read cancels and new work: one pipelined round trip. `busy`: a
-        step is running, so the read must not block."""
+    def _round_trip(self, *, busy: bool) -> tuple[Exchange, list] | None:
+        """Publish what waits, read cancels and new work: one pipelined round trip. `busy`: a
+        step is running, so the read must not block. None when Redis did not answer."""
         t0 = time.perf_counter()
-        pipe = self.redis.pipeline(transaction=False)
-        for delta in deltas:
-            self._publish(pipe, delta)
-        for f, event in self._failed:
-            self._finish(pipe, f, event)
-        self._failed.clear()
-        busy = self.busy.due()
-        if busy is not None:
-            pipe.xadd(p.METERING_STREAM, busy)
+        exchange = self._build(busy=busy)
+        t1 = time.perf_counter()
+        try:
+            results = exchange.pipe.execute()
+        except UNREACHABLE as exc:
+            if self.outage_since is None:
+                self.outage_since = time.monotonic()
+                log.warning("redis unreachable (%s): pausing the engine", exc.__class__.__name__)
+            return None
+        exchange.build_s, exchange.io_s = t1 - t0, time.perf_counter() - t1
+        if self.outage_since is not None:
+            log.info("redis is back after %.1fs", time.monotonic() - self.outage_since)
+            self.outage_since, self._outage_ended = None, False
+            self._backoff.reset()
+            # Every heartbeat lapsed meanwhile: give the other workers time to renew theirs
+            # before taking their entries for dead ones.
+            self._reclaim_after = time.monotonic() + self.settings.worker_dead_after_s
+        self._confirm(exchange)
+        if exchange.at_read < 0 and exchange.idle:
+            time.sleep(0.01)  # nothing to step and nothing read: do not spin
+        return exchange, results
 
-        ids = list(self.inflight)
-        at_cancels = len(pipe)
+    def _build(self, *, busy: bool, final: bool = False) -> Exchange:
+        pipe = self.redis.pipeline(transaction=False)
+        exchange = Exchange(pipe=pipe, num_deltas=len(self._unpublished))
+        for delta in self._unpublished:
+            self._publish(exchange, delta)
+        exchange.num_failed = len(self._failed)
+        for f, event in self._failed:
+            self._finish(exchange, f, event)
+        exchange.num_requeues = len(self._requeues)
+        for f in self._requeues:
+            pipe.eval(*requeue_call(f.req, f.queue, f.entry_id, self.worker_id))
+        exchange.num_acks = len(self._acks)
+        for queue, entry_id in self._acks:
+            pipe.xack(queue, p.GROUP, entry_id)
+            pipe.xdel(queue, entry_id)
+        exchange.dequeued = dict(self._dequeued)
+        for priority, tokens in exchange.dequeued.items():
+            pipe.decrby(p.queued_tokens_key(priority), tokens)
+        if self._busy_record is None:
+            self._busy_record = self.busy.due()
+        if self._busy_record is not None:
+            pipe.xadd(p.METERING_STREAM, self._busy_record)
+        if final:
+            return exchange
+
+        exchange.ids = ids = list(self.inflight)
+        exchange.at_cancels = len(pipe)
         if ids:
             pipe.mget([p.cancel_key(i) for i in ids])
         stats = self.engine.stats()
@@ -276,7 +408,7 @@ class GpuWorker:
             pipe.set(p.metrics_key(self.worker_id), snapshot, px=self._dead_after_ms)
 
         room = self.settings.worker_max_waiting - stats.num_waiting
-        if self.draining.is_set():
+        if self.draining.is_set() or self.outage_since is not None:
             room = 0
         streams = [p.queue_key("interactive")]
         free_frac = stats.num_free_blocks / max(stats.num_total_blocks, 1)
@@ -285,46 +417,73 @@ class GpuWorker:
             and stats.num_waiting <= self.settings.batch_max_waiting
         ):
             streams.append(p.queue_key("batch"))
-        at_reclaim = len(pipe)
-        reclaim = room > 0 and time.monotonic() - self._last_reclaim > (
-            self.settings.heartbeat_interval_s
+        exchange.at_reclaim = len(pipe)
+        now = time.monotonic()
+        reclaim = (
+            not self.draining.is_set()
+            and self.outage_since is None
+            and now >= self._reclaim_after
+            and now - self._last_reclaim > self.settings.heartbeat_interval_s
         )
         if reclaim:
-            self._last_reclaim = time.monotonic()
+            # Even when full: a stream whose worker died is waited on by its client.
+            self._last_reclaim = now
+            exchange.streams = streams
             for queue in streams:
                 start = self._claim_cursor.get(queue, "0-0")
                 pipe.xautoclaim(
-                    queue, p.GROUP, self.worker_id, self._dead_after_ms, start, count=room
+                    queue, p.GROUP, self.worker_id, self._dead_after_ms, start, count=max(room, 2)
                 )
-        at_read = len(pipe)
-        idle = not busy and not self.engine.has_unfinished()
+        exchange.idle = idle = not busy and not self.engine.has_unfinished()
         if room > 0:
             # Idle: block on the queues (bounded, so stop requests are seen); busy: just poll.
             block = int(self.settings.heartbeat_interval_s * 500) if idle else None
+            exchange.at_read = len(pipe)
             pipe.xreadgroup(
                 p.GROUP, self.worker_id, dict.fromkeys(streams, ">"), count=room, block=block
             )
-        exchange = Exchange(
-            pipe=pipe,
-            ids=ids,
-            streams=streams if reclaim else [],
-            at_cancels=at_cancels,
-            at_reclaim=at_reclaim,
-            at_read=at_read if room > 0 else -1,
-        )
-        t1 = time.perf_counter()
-        results = pipe.execute()
-        exchange.build_s, exchange.io_s = t1 - t0, time.perf_counter() - t1
-        if room <= 0 and idle:
-            time.sleep(0.01)
-        return exchange, results
+        return exchange
+
+    def _confirm(self, exchange: Exchange) -> None:
+        """Redis took the round trip: drop what it carried from the waiting lists."""
+        del self._unpublished[: exchange.num_deltas]
+        del self._failed[: exchange.num_failed]
+        del self._requeues[: exchange.num_requeues]
+        del self._acks[: exchange.num_acks]
+        for priority, tokens in exchange.dequeued.items():
+            self._dequeued[priority] -= tokens
+        self._busy_record = None
+        for f, tokens in exchange.sent:
+            f.confirmed_tokens = max(f.confirmed_tokens, tokens)
+        for f, record in exchange.finished:
+            with self._lock:
+                self.inflight.pop(f.request_id, None)
+            self.metrics.forget(f.request_id)
+            completion = record.counts["completion_tokens"]
+            if record.status in ("completed", "length"):
+                self.load.on_finished(completion)
+            log.info(
+                "request finished",
+                extra={
+                    "request_id": f.request_id,
+                    "tenant_id": f.req.tenant_id,
+                    "status": record.status,
+                    "completion_tokens": completion,
+                },
+            )
 
     def _apply(self, exchange: Exchange, results: list, row: int) -> None:
-        """What a round trip read: cancels first, then new requests."""
+        """What a round trip read: requests lost to another worker, cancels, new requests."""
         t0 = time.perf_counter()
+        self._drop_lost()
         if exchange.ids:
             for request_id, flag in zip(exchange.ids, results[exchange.at_cancels]):
-                if flag is not None and self.engine.abort(request_id):
+                if flag is None:
+                    continue
+                f = self.inflight.get(request_id)
+                if f is not None and f.cancel_delivered is None:
+                    f.cancel_delivered = p.delivered_of(flag)
+                if self.engine.abort(request_id):
                     self.last_cancel_step = self.num_steps
                     log.info("cancelled %s", request_id)
         if exchange.streams:
@@ -335,11 +494,27 @@ class GpuWorker:
         if exchange.at_read >= 0:
             for queue, entries in results[exchange.at_read] or []:
                 for entry_id, fields in entries:
-                    self._admit(queue, entry_id, fields)
+                    self._admit(queue, entry_id, fields, counted=True)
         self.step_timing.add(
             row, exchange_build_s=exchange.build_s, exchange_io_s=exchange.io_s,
             apply_s=time.perf_counter() - t0,
         )  # fmt: skip
+
+    def _drop_lost(self) -> None:
+        """Requests another worker claimed while this one was cut off: it runs them now (and
+        bills them); stop them here without a word."""
+        with self._lock:
+            lost, self._lost = set(self._lost), []
+            gone = [f for f in self.inflight.values() if f.entry_id in lost]
+            for f in gone:
+                del self.inflight[f.request_id]
+        for f in gone:
+            self.engine.abort(f.request_id)
+            self.metrics.forget(f.request_id)
+            log.warning("request %s was taken over by another worker", f.request_id)
+        if gone:
+            ids = {f.request_id for f in gone}
+            self._failed = [(f, e) for f, e in self._failed if f.request_id not in ids]
 
     def _stats_mapping(self, stats: Any) -> dict[str, Any]:
         return {
@@ -357,18 +532,37 @@ class GpuWorker:
             "draining": int(self.draining.is_set()),
             "model": self.settings.model_name,
             "updated_at": f"{time.time():.3f}",
+            **self.load.fields(),
         }
 
     # -- admission -----------------------------------------------------------------------
 
-    def _admit(self, queue: str, entry_id: str, fields: dict | None) -> None:
+    def _admit(
+        self,
+        queue: str,
+        entry_id: str,
+        fields: dict | None,
+        *,
+        counted: bool = False,
+        resume: Any = None,
+    ) -> None:
+        """`counted`: read off the queue (not reclaimed), so its queued tokens leave the queue's
+        counter; `resume`: the follower of the stream another worker started."""
         if not fields or "r" not in fields:  # deleted while pending
-            self.redis.xack(queue, p.GROUP, entry_id)
+            self._acks.append((queue, entry_id))
             return
         req = QueuedRequest.decode(fields["r"])
         if req.request_id in self.inflight:
             return
+        if counted and req.queued_tokens:
+            self._dequeued[req.priority] = self._dequeued.get(req.priority, 0) + req.queued_tokens
         f = Inflight(req, queue, entry_id)
+        output: list[int] = []
+        if resume is not None:
+            output = resume.token_ids
+            f.published = True
+            f.sent_tokens = f.confirmed_tokens = resume.num_tokens
+            f.cached_tokens = resume.cached_tokens
         with self._lock:
             self.inflight[req.request_id] = f
         try:
@@ -379,53 +573,86 @@ class GpuWorker:
                 priority=req.priority,
                 arrival_time=req.enqueued_at,
                 cache_salt=req.tenant_id,  # prefix-cache hits never cross tenants
+                output_token_ids=output,
             )
         except (ValueError, TypeError) as exc:
-            self._failed.append((f, self._error_event(str(exc), "invalid_request")))
+            code = "worker_lost" if resume is not None else "invalid_request"
+            event = error_event(str(exc), code)
+            event["usage"] = f.usage(f.sent_tokens)
+            self._failed.append((f, event))
 
     def _admit_reclaimed(self, queue: str, claimed: list) -> None:
-        """Entries of a dead worker: re-run the unstarted, fail the ones that had streamed."""
+        """Entries of a worker taken for dead. One that is still ours (this worker was cut off
+        from Redis and its own heartbeat lapsed) stays as it is; any other is taken over:
+        re-run from the start, resumed after the tokens its stream already delivered, or ended
+        if its client went away meanwhile."""
         for entry_id, fields in claimed:
             if not fields or "r" not in fields:
-                self.redis.xack(queue, p.GROUP, entry_id)
+                self._acks.append((queue, entry_id))
                 continue
             req = QueuedRequest.decode(fields["r"])
-            last = self.redis.xrevrange(p.output_key(req.request_id), count=1)
-            if last:
+            if req.request_id in self.inflight:
+                continue
+            ttl = self._output_ttl(req)
+            try:
+                raw, cancel = self.redis.eval(*takeover_call(req.request_id, self.worker_id, ttl))
+            except UNREACHABLE as exc:  # still pending on us: claimed again later
+                log.warning("could not take over %s: %s", req.request_id, exc)
+                continue
+            # A script's reply: each entry is [id, [field, value, ...]].
+            follower, _ = follow([decode_event(dict(zip(f[::2], f[1::2]))) for _, f in raw])
+            if follower.finished:  # ended, and its entry left behind
+                self._acks.append((queue, entry_id))
+            elif cancel is not None:
                 f = Inflight(req, queue, entry_id, published=True)
+                f.cached_tokens = follower.cached_tokens
+                delivered = p.delivered_of(cancel)
+                n = follower.num_tokens
+                if delivered is not None:
+                    n = min(n, delivered)
+                event = error_event("request cancelled", "cancelled")
+                event["usage"] = f.usage(n)
                 with self._lock:
                     self.inflight[req.request_id] = f
-                event = self._error_event("the worker running this request stopped", "worker_lost")
-                n = decode_event(last[0][1]).get("completion_tokens", 0)
-                event["usage"] = usage_counts(
-                    {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": n}
-                )
                 self._failed.append((f, event))
             else:
-                log.info("re-running %s from a dead worker", req.request_id)
-                self._admit(queue, entry_id, fields)
+                resume = follower if follower.num_tokens else None
+                log.info(
+                    "taking over %s from a stopped worker after %d tokens",
+                    req.request_id,
+                    follower.num_tokens,
+                )
+                self._admit(queue, entry_id, fields, resume=resume)
 
     # -- output --------------------------------------------------------------------------
 
-    def _publish(self, pipe: redis.client.Pipeline, delta: Any) -> None:
+    def _publish(self, exchange: Exchange, delta: Any) -> None:
         f = self.inflight.get(delta.request_id)
         if f is None:
             return
+        pipe = exchange.pipe
         if not delta.finished:
             event: DeltaEvent = {
                 "type": "delta",
                 "text": delta.new_text,
                 "worker": self.worker_id,
                 "completion_tokens": delta.usage.completion_tokens,
+                "token_ids": delta.new_token_ids,
             }
+            if not f.published:
+                event["cached_tokens"] = delta.usage.cached_tokens
             key = p.output_key(delta.request_id)
             pipe.xadd(key, encode_event(event))
             if f.num_events % TTL_REFRESH_EVENTS == 0:
                 pipe.expire(key, self._output_ttl(f.req))
             f.num_events += 1
             f.published = True
+            f.sent_tokens = max(f.sent_tokens, delta.usage.completion_tokens)
+            exchange.sent.append((f, f.sent_tokens))
             return
-        usage = usage_counts(asdict(delta.usage))
+        if f.final is not None:
+            return  # the engine's end of a request this worker already ended itself
+        engine_usage = asdict(delta.usage)
         reason = delta.finish_reason
         final: DoneEvent | ErrorEvent
         if reason in ("stop", "length"):
@@ -434,53 +661,37 @@ class GpuWorker:
                 "text": delta.new_text,
                 "worker": self.worker_id,
                 "finish_reason": reason,
-                "usage": usage,
+                "usage": f.usage(delta.usage.completion_tokens, engine_usage),
             }
         else:
+            n = delta.usage.completion_tokens
             if reason == "abort":
                 final = error_event("request cancelled", "cancelled")
+                if f.cancel_delivered is not None:  # what the client got before it left
+                    n = min(n, f.cancel_delivered)
             else:
                 final = error_event(delta.error or "the engine failed", "engine_error")
-            final |= {"text": delta.new_text, "usage": usage}
-        self._finish(pipe, f, final, delta)
+            final |= {"text": delta.new_text, "usage": f.usage(n, engine_usage)}
+        self._finish(exchange, f, final, delta)
 
     def _output_ttl(self, req: QueuedRequest) -> int:
         # A batch line's output waits for the batch pump (which deletes it), not a live client.
         return self.settings.batch_output_ttl_s if req.batch_id else self.settings.output_ttl_s
 
-    def _error_event(self, message: str, code: str) -> ErrorEvent:
-        return error_event(message, code)
-
     def _finish(
         self,
-        pipe: redis.client.Pipeline,
+        exchange: Exchange,
         f: Inflight,
         event: DoneEvent | ErrorEvent,
         delta: Any = None,
     ) -> None:
-        """The final event, the usage record and the XACK of one request, in one pipeline."""
-        req = f.req
+        """The final event, the usage record, the reservation's release and the XACK of one
+        request: one Lua call, which does nothing if another worker took the request over."""
         event["worker"] = self.worker_id
-        key = p.output_key(req.request_id)
-        pipe.xadd(key, encode_event(event))
-        pipe.expire(key, self._output_ttl(req))
-        record = usage_record(req, event, delta, self.worker_id)
-        pipe.xadd(p.METERING_STREAM, encode_record(record))
-        if req.reservation is not None:  # idempotent: releases the slot and refunds once
-            used = record.counts["prompt_tokens"] + record.counts["completion_tokens"]
-            pipe.eval(
-                *release_call(req.tenant_id, req.priority, req.request_id, req.reservation, used)
-            )
-        pipe.xack(f.queue, p.GROUP, f.entry_id)
-        pipe.xdel(f.queue, f.entry_id)
-        with self._lock:
-            self.inflight.pop(req.request_id, None)
-        log.info(
-            "request finished",
-            extra={
-                "request_id": req.request_id,
-                "tenant_id": req.tenant_id,
-                "status": record.status,
-                "completion_tokens": record.counts["completion_tokens"],
-            },
+        event["usage"] = usage_counts(event.get("usage"))
+        record = usage_record(f.req, event, delta, self.worker_id)
+        ttl = self._output_ttl(f.req)
+        exchange.pipe.eval(
+            *finish_call(f.req, f.queue, f.entry_id, self.worker_id, event, ttl, record)
         )
+        exchange.finished.append((f, record))

@@ -10,7 +10,7 @@ from service import streams as p
 
 router = APIRouter(tags=["internal"])
 
-_FLOATS = {"kv_cache_usage", "updated_at"}
+_FLOATS = {"kv_cache_usage", "updated_at", "tokens_per_s", "mean_output_tokens"}
 _STRINGS = {"model"}
 
 

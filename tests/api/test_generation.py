@@ -134,8 +134,8 @@ def test_with_no_live_worker_a_queued_request_fails_and_is_cancelled(app_client,
     )
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_workers"
     assert time.monotonic() - started < SETTINGS.no_worker_timeout_s + 10
-    # still queued: whichever worker picks it up later drops it
-    assert rds.get(p.cancel_key(r.headers["x-request-id"])) == "1"
+    # still queued: whichever worker picks it up later drops it (the client got no token)
+    assert rds.get(p.cancel_key(r.headers["x-request-id"])) == "n=0"
     rds.delete(p.queue_key("interactive"))
 
 
@@ -150,5 +150,6 @@ def test_a_client_that_goes_away_publishes_a_cancel(app_client, tenant, worker, 
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: {"))
         assert rds.get(p.cancel_key(request_id)) is None
-    # the response was closed before its end: the relay is cancelled and publishes the cancel
-    wait_until(lambda: rds.get(p.cancel_key(request_id)) == "1", 10, "the cancel key")
+    # the response was closed before its end: the relay is cancelled and publishes the cancel,
+    # with the tokens the client received (what the request is billed)
+    wait_until(lambda: rds.get(p.cancel_key(request_id)) == "n=1", 10, "the cancel key")

@@ -110,11 +110,12 @@ def test_a_request_the_engine_refuses_fails_with_one_record(gpu_worker, rds):
     assert "temperature" in record.error
 
 
-def test_a_dead_workers_entries_are_rerun_or_failed(gpu_worker, rds):
-    # Another consumer read two requests and went silent: one had already streamed tokens.
+def test_a_dead_workers_entries_are_rerun_or_resumed(gpu_worker, rds):
+    # Another consumer read two requests and went silent: one had already streamed 3 tokens.
     queue = p.queue_key("interactive")
     streamed, unstarted = queued_request(max_tokens=5), queued_request(max_tokens=5)
-    streamed_delta = {"type": "delta", "text": "ab", "worker": "w-dead", "completion_tokens": 3}
+    first = {"type": "delta", "text": "ab", "worker": "w-dead", "completion_tokens": 3}
+    first |= {"token_ids": [7, 8, 9], "cached_tokens": 0}
     # Enqueued and read by the dead consumer in one transaction: our worker cannot read them first.
     pipe = rds.pipeline(transaction=True)
     for queued in (streamed, unstarted):
@@ -122,13 +123,18 @@ def test_a_dead_workers_entries_are_rerun_or_failed(gpu_worker, rds):
     pipe.xreadgroup(p.GROUP, "w-dead", {queue: ">"}, count=2)
     taken = pipe.execute()[-1]
     assert sum(len(entries) for _, entries in taken) == 2, taken
-    rds.xadd(p.output_key(streamed.request_id), encode_event(streamed_delta))
+    rds.xadd(p.output_key(streamed.request_id), encode_event(first))
 
-    failed = events(rds, streamed.request_id)[-1]
-    assert failed["type"] == "error" and failed["code"] == "worker_lost"
+    # Resumed after the 3 tokens the stream holds: a resume event, then the last 2 tokens (the
+    # fifth with the final event).
+    got = events(rds, streamed.request_id)
+    assert [e["type"] for e in got[:2]] == ["delta", "resume"] and got[1]["worker"] == WORKER_ID
+    assert [(e["type"], e.get("completion_tokens")) for e in got[2:-1]] == [("delta", 4)]
+    assert got[-1]["type"] == "done" and got[-1]["usage"]["completion_tokens"] == 5
     record = usage_record(rds, streamed.request_id)
-    assert record.status == "failed" and record.worker_id == WORKER_ID
-    assert record.counts["completion_tokens"] == 3 and record.counts["prompt_tokens"] == 10
+    assert record.status == "length" and record.worker_id == WORKER_ID
+    assert record.counts["completion_tokens"] == 5 and record.counts["prompt_tokens"] == 10
+    assert len(records_of(rds, streamed.request_id)) == 1
 
     rerun = events(rds, unstarted.request_id)[-1]
     assert rerun["type"] == "done" and rerun["worker"] == WORKER_ID

@@ -1,0 +1,40 @@
+# What a worker knows about each request it runs, and what it bills when the request ends some
+# other way than the engine finishing it: the tokens it had published to the request's output
+# stream, which is what the client got (service/output_stream.py).
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from metering.records import UsageCounts, usage_counts
+from service.events import ErrorEvent
+from service.queued_request import QueuedRequest
+
+
+@dataclass(slots=True)
+class Inflight:
+    req: QueuedRequest
+    queue: str
+    entry_id: str
+    published: bool = False  # any output event sent: from then on it can no longer be re-run
+    num_events: int = 0  # delta events published (the stream's TTL is refreshed now and then)
+    # Completion tokens of the last delta put on a round trip, and of the last one a round trip
+    # that succeeded carried (a failed round trip is sent again, so these are positions, not
+    # sums).
+    sent_tokens: int = 0
+    confirmed_tokens: int = 0
+    cached_tokens: int | None = None  # resumed: the prompt tokens the first run found cached
+    cancel_delivered: int | None = None  # the client went away after receiving this many
+    final: ErrorEvent | None = None  # ended by the worker itself (drain, shutdown, outage)
+
+    @property
+    def request_id(self) -> str:
+        return self.req.request_id
+
+    def usage(self, completion_tokens: int, engine: dict | None = None) -> UsageCounts:
+        """The counters to bill: the engine's (if it ran here) with `completion_tokens` and the
+        first run's cached tokens."""
+        counts = usage_counts(engine or {"prompt_tokens": len(self.req.prompt_token_ids)})
+        counts["completion_tokens"] = completion_tokens
+        if self.cached_tokens is not None:
+            counts["cached_tokens"] = self.cached_tokens
+        return counts

@@ -1,0 +1,45 @@
+# What a worker tells admission about its speed (in its stats hash, read by the API's load
+# shedding): tokens it processes per second of engine work (prompt and output tokens alike, the
+# unit the queues' token counters count in) and the mean output length of the requests it
+# finished, which admission uses as the expected output of a request without a small max_tokens.
+#
+# Per busy second, not per wall second: an idle worker keeps reporting the speed it had when it
+# last worked instead of decaying to zero, so the first burst after a quiet spell is not shed for
+# a rate measured while nothing was asked. Under the sustained load where shedding matters the
+# worker is busy all the time and the two agree.
+from __future__ import annotations
+
+from service.admission import DEFAULT_OUTPUT_TOKENS
+
+WINDOW_S = 1.0  # busy seconds per rate sample
+ALPHA = 0.3  # weight of the newest sample (rate) / finished request (mean output)
+
+
+class LoadReport:
+    def __init__(self) -> None:
+        self.tokens_per_s = 0.0
+        self.mean_output_tokens = DEFAULT_OUTPUT_TOKENS
+        self._tokens = 0
+        self._busy_s = 0.0
+        self._num_finished = 0
+
+    def on_step(self, num_tokens: int, busy_s: float) -> None:
+        self._tokens += num_tokens
+        self._busy_s += busy_s
+        if self._busy_s >= WINDOW_S:
+            rate = self._tokens / self._busy_s
+            first = self.tokens_per_s == 0.0
+            self.tokens_per_s = rate if first else ALPHA * rate + (1 - ALPHA) * self.tokens_per_s
+            self._tokens, self._busy_s = 0, 0.0
+
+    def on_finished(self, completion_tokens: int) -> None:
+        first = self._num_finished == 0
+        self._num_finished += 1
+        n = float(completion_tokens)
+        self.mean_output_tokens = n if first else ALPHA * n + (1 - ALPHA) * self.mean_output_tokens
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "tokens_per_s": f"{self.tokens_per_s:.1f}",
+            "mean_output_tokens": f"{self.mean_output_tokens:.1f}",
+        }
