@@ -1,8 +1,10 @@
 # `fleetlm serve`: everything on one machine. Starts embedded Redis/Postgres when no URL is set,
 # applies the migrations, ensures a demo tenant key and an admin key, then supervises the API, one
-# worker per visible GPU (one CPU worker when none) and the metering writer, restarting a child
-# that dies. Ctrl-C / SIGTERM stops the children (API first, then workers, then the writer), then
-# the embedded services.
+# worker per visible GPU (one CPU worker when none), Celery and the metering writer, restarting a
+# child that dies, and the embedded Redis and Postgres the same way. Ctrl-C / SIGTERM drains the
+# API and the workers together (in-flight work finishes until drain_timeout_s, the API relaying
+# it), then stops Celery and the writer (which writes what the workers metered last), then the
+# embedded services: it exits within drain_timeout_s plus a few seconds.
 from __future__ import annotations
 
 import argparse
@@ -18,9 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from service.embedded import EmbeddedServices
     from service.settings import Settings
 
 MAX_RESTARTS_PER_MINUTE = 5
+DRAIN_GRACE_S = 10.0  # past drain_timeout_s, a child that has not exited is killed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,12 +88,16 @@ class Child:
             self.argv, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True
         )
 
-    def stop(self, timeout_s: float) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, deadline: float) -> None:
+        """Until it exits, or killed at the (monotonic) deadline."""
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -161,10 +169,25 @@ def _children(args: argparse.Namespace, settings: Settings, env: dict[str, str])
     return children
 
 
-def _supervise(children: list[Child], stop: StopRequest) -> int:
-    """Restarts a child that dies, until told to stop (0) or one keeps dying (1)."""
+def _supervise(children: list[Child], services: EmbeddedServices, stop: StopRequest) -> int:
+    """Restarts a child or an embedded service that dies, until told to stop (0) or one keeps
+    dying (1)."""
+    service_restarts: dict[str, list[float]] = {}
     while not stop.requested:
         time.sleep(0.2)
+        try:
+            restarted = services.restart_dead()
+        except Exception as exc:  # a restart that failed is tried again next tick
+            print(f"fleetlm: restarting an embedded service failed: {exc}", file=sys.stderr)
+            restarted = []
+        for name in restarted:
+            now = time.monotonic()
+            times = [t for t in service_restarts.get(name, []) if now - t < 60] + [now]
+            service_restarts[name] = times
+            print(f"fleetlm: embedded {name} exited; restarted", file=sys.stderr, flush=True)
+            if len(times) > MAX_RESTARTS_PER_MINUTE:
+                print(f"fleetlm: embedded {name} keeps dying; stopping", file=sys.stderr)
+                return 1
         for child in children:
             if stop.requested or child.proc is None or child.proc.poll() is None:
                 continue
@@ -216,11 +239,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
         print(f"fleetlm: admin key in {data_dir / 'operator-key'}", flush=True)
         print(f"fleetlm: {num_workers} worker(s); Ctrl-C stops everything", flush=True)
-        return _supervise(children, stop)
+        return _supervise(children, services, stop)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for child in children:  # in order: API, workers, Celery, the writer
-            child.stop(timeout_s=settings.drain_timeout_s + 10)
+        # The API and the workers drain at once (each ends what is left at drain_timeout_s);
+        # then Celery, and the writer last, so it writes what the workers metered.
+        serving = [c for c in children if c.name == "api" or c.name.startswith("worker-")]
+        for child in serving:
+            child.terminate()
+        deadline = time.monotonic() + settings.drain_timeout_s + DRAIN_GRACE_S
+        for child in serving:
+            child.wait(deadline)
+        rest = [c for c in children if c not in serving]
+        for child in rest:
+            child.terminate()
+        deadline = time.monotonic() + DRAIN_GRACE_S
+        for child in rest:
+            child.wait(deadline)
         services.stop()
         print("fleetlm: stopped", flush=True)

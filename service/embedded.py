@@ -2,6 +2,10 @@
 # binaries) under the data directory, for `fleetlm serve` when REDIS_URL / DATABASE_URL are unset.
 # They are real servers reached through URLs, exactly like production ones; a second start reuses
 # their data. While they run, <data-dir>/services.json tells other commands (`--data-dir`) where.
+# `fleetlm serve` supervises them like its own children: restart_dead() brings back one that
+# died, at the same address (Redis on its port, with its append-only file: every write Redis
+# acknowledged was in the file before the reply, so a crash of the process loses none of it;
+# Postgres from its data directory, through crash recovery).
 #
 # Running as root: Postgres refuses to run as root, so pgserver creates an unprivileged system
 # user `pgserver` (useradd), hands it the data directory and runs initdb/postgres as that user;
@@ -50,6 +54,7 @@ class EmbeddedServices:
     redis_url: str | None = None
     database_url: str | None = None
     _redis_proc: subprocess.Popen | None = None
+    _redis_port: int | None = None
     _pg_server: object | None = None
 
     def start(self, *, redis: bool, postgres: bool) -> None:
@@ -68,7 +73,7 @@ class EmbeddedServices:
 
         redis_dir = self.data_dir / "redis"
         redis_dir.mkdir(exist_ok=True)
-        port = _free_port()
+        port = self._redis_port = self._redis_port or _free_port()
         # Append-only file so queued work and usage records survive a restart.
         self._redis_proc = subprocess.Popen(
             [
@@ -90,6 +95,28 @@ class EmbeddedServices:
         self._pg_server = pgserver.get_server(pgdata, cleanup_mode="stop")
         self.database_url = self._pg_server.get_uri()
 
+    @property
+    def redis_pid(self) -> int | None:
+        return self._redis_proc.pid if self._redis_proc is not None else None
+
+    @property
+    def postgres_pid(self) -> int | None:
+        return self._pg_server.get_pid() if self._pg_server is not None else None
+
+    def restart_dead(self) -> list[str]:
+        """Restarts whichever embedded service has exited; returns their names. A stopped
+        (paused) process is alive: it is waited out, not restarted."""
+        restarted = []
+        if self._redis_proc is not None and self._redis_proc.poll() is not None:
+            self._start_redis()
+            restarted.append("redis")
+        if self._pg_server is not None and not _postgres_running(self._pg_server):
+            self._pg_server.ensure_postgres_running()  # pg_ctl start: crash recovery, same socket
+            if self._pg_server.get_uri() != self.database_url:
+                raise RuntimeError("the restarted Postgres listens elsewhere")
+            restarted.append("postgres")
+        return restarted
+
     def stop(self) -> None:
         (self.data_dir / SERVICES_FILE).unlink(missing_ok=True)
         if self._pg_server is not None:
@@ -103,6 +130,12 @@ class EmbeddedServices:
                 self._redis_proc.kill()
                 self._redis_proc.wait()
         self._redis_proc = None
+
+
+def _postgres_running(server) -> bool:
+    info = server.get_postmaster_info()
+    # A postmaster killed under an init that does not reap lingers as a zombie.
+    return info.is_running() and info.process.status() != "zombie"
 
 
 def resolve_urls(settings: Settings, data_dir: Path | None = None) -> tuple[str, str]:

@@ -1,0 +1,76 @@
+# Postgres stopped (every Postgres process SIGSTOPped: connections hang, which is worse than
+# refused) for 30 s: serving goes on for keys the API verified before, from its bounded stale
+# key cache; a key it never verified gets 503 with Retry-After, quickly; /ready stays ready
+# (reporting the database); the usage records wait in Redis and are all written once Postgres
+# is back.
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.faults.conftest import (
+    SLACK_S,
+    StreamLog,
+    check_billing,
+    completion_body,
+    ensure_workers,
+    postgres_processes,
+    signal_all,
+    stream_completion,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+STOP_S = 30.0
+DATABASE_TIMEOUT_S = 1.0  # FAULT_ENV's FLEETLM_DATABASE_TIMEOUT_S
+
+
+def test_serving_rides_out_postgres_stopped_30s(fleet):
+    ensure_workers(fleet, 2)
+    never_used_key = fleet.create_tenant(f"pg-{time.monotonic_ns()}")
+    warm = stream_completion(fleet, completion_body(8), StreamLog())
+    assert warm.status == 200 and warm.ended_properly  # the demo key is verified and cached
+
+    logs: list[StreamLog] = [warm]
+    refusals: list[tuple[httpx.Response, float]] = []
+    readiness: list[httpx.Response] = []
+    processes = postgres_processes(fleet)
+    signal_all(processes, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        while time.monotonic() < stopped_at + STOP_S:
+            logs.append(stream_completion(fleet, completion_body(32), StreamLog(), timeout_s=30))
+            started = time.monotonic()
+            r = httpx.post(
+                fleet.base_url + "/v1/completions",
+                json=completion_body(8, stream=False),
+                headers={"Authorization": f"Bearer {never_used_key}"},
+                timeout=30,
+            )
+            refusals.append((r, time.monotonic() - started))
+            readiness.append(httpx.get(fleet.base_url + "/ready", timeout=30))
+    finally:
+        signal_all(processes, signal.SIGCONT)
+
+    assert len(logs) > 5
+    for lg in logs:
+        assert lg.status == 200 and lg.ended_properly and lg.finish_reason == "length", lg
+    for r, elapsed in refusals:
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "database_unavailable"
+        assert int(r.headers["retry-after"]) >= 1
+        assert elapsed <= DATABASE_TIMEOUT_S + SLACK_S
+    for r in readiness:
+        assert r.status_code == 200 and r.json()["database"] is False, r.text
+    # Metering catches up: one row per request, billing what each client received.
+    check_billing(fleet, logs, timeout_s=90)
+    late = httpx.post(
+        fleet.base_url + "/v1/completions",
+        json=completion_body(4, stream=False),
+        headers={"Authorization": f"Bearer {never_used_key}"},
+        timeout=60,
+    )
+    assert late.status_code == 200, late.text

@@ -1,0 +1,69 @@
+# A worker killed with SIGKILL mid-stream while another worker is live: its streams continue on
+# the other worker (a takeover re-runs prompt + tokens already sent), so each client sees neither
+# an error nor a repeated token, the text is the uninterrupted greedy run's, and each request is
+# billed once for what was delivered.
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+
+from service.events import decode_event
+from tests.faults.conftest import (
+    LIVENESS_BOUND_S,
+    SLACK_S,
+    check_billing,
+    completion_body,
+    ensure_workers,
+    join_all,
+    start_streams,
+    worker_pid,
+)
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+MAX_TOKENS = 600
+
+
+def uninterrupted(server, max_tokens: int) -> str:
+    r = httpx.post(
+        server.base_url + "/v1/completions",
+        json=completion_body(max_tokens, stream=False),
+        headers={"Authorization": f"Bearer {server.key}"},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_a_killed_workers_streams_resume_on_the_other_worker(fleet):
+    ensure_workers(fleet, 2)
+    threads, logs = start_streams(fleet, [completion_body(MAX_TOKENS) for _ in range(4)])
+    wait_until(lambda: all(lg.num_chunks >= 10 for lg in logs), 60, "every stream to start")
+    busiest = max(fleet.workers_stats(), key=lambda w: w["num_running"])
+    victim = busiest["id"]
+    assert busiest["num_running"] > 0
+    os.kill(worker_pid(fleet, victim), signal.SIGKILL)
+    join_all(threads)
+
+    for lg in logs:
+        assert lg.exception is None and lg.status == 200, lg
+        assert lg.ended_properly and lg.error is None and lg.finish_reason == "length", lg
+        assert lg.max_gap_s() <= LIVENESS_BOUND_S + SLACK_S, lg.max_gap_s()
+    taken_over = []
+    for lg in logs:
+        events = [decode_event(f) for _, f in fleet.redis.xrange(f"fleetlm:out:{lg.request_id}")]
+        if any(e["type"] == "resume" for e in events):
+            taken_over.append(lg)
+    assert taken_over, "no stream was running on the killed worker"
+    reference = uninterrupted(fleet, MAX_TOKENS)
+    for lg in logs:
+        assert lg.text == reference, lg.request_id
+    rows = check_billing(fleet, logs)
+    for lg in taken_over:
+        row = rows[lg.request_id]
+        assert row.status == "length" and row.completion_tokens == MAX_TOKENS
+        assert row.worker_id != victim
