@@ -194,7 +194,6 @@ class GpuWorker:
             elapsed = (launched - loop_started) + (time.perf_counter() - finishing)
             row = self.engine.last_step_row
             self.busy.add(elapsed)
-            self.load.on_step(step.out.total_tokens if step.out is not None else 0, elapsed)
             self.num_steps += 1
             self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
             self._unpublished += deltas
@@ -202,6 +201,9 @@ class GpuWorker:
                 reply = self._round_trip(busy=False)
         if reply is not None:
             self._apply(*reply, row)
+        if step is not None:  # the whole turn: what a step costs the loop, host work included
+            tokens = step.out.total_tokens if step.out is not None else 0
+            self.load.on_step(tokens, time.perf_counter() - loop_started)
         self.step_timing.end_loop(row, loop_started)
 
     def _ride_out_outage(self) -> None:

@@ -1,17 +1,19 @@
 # What a worker tells admission about its speed (in its stats hash, read by the API's load
-# shedding): tokens it processes per second of engine work (prompt and output tokens alike, the
-# unit the queues' token counters count in) and the mean output length of the requests it
-# finished, which admission uses as the expected output of a request without a small max_tokens.
+# shedding): tokens it processes per second of work (prompt and output tokens alike, the unit the
+# queues' token counters count in) and the mean output length of the requests it finished, which
+# admission uses as the expected output of a request without a small max_tokens.
 #
-# Per busy second, not per wall second: an idle worker keeps reporting the speed it had when it
-# last worked instead of decaying to zero, so the first burst after a quiet spell is not shed for
-# a rate measured while nothing was asked. Under the sustained load where shedding matters the
-# worker is busy all the time and the two agree.
+# A second of work is a loop turn that ran a step, host work and the Redis round trip included
+# (on a CPU worker the step alone is only ~60 % of the turn: counting steps only overstated the
+# rate and let the queue grow past its bound). Turns with nothing to step are left out, so an idle
+# worker keeps reporting the speed it had when it last worked instead of decaying to zero: the
+# first burst after a quiet spell is not shed for a rate measured while nothing was asked. Under
+# the sustained load where shedding matters, every turn steps and this is the wall-clock rate.
 from __future__ import annotations
 
 from service.admission import DEFAULT_OUTPUT_TOKENS
 
-WINDOW_S = 1.0  # busy seconds per rate sample
+WINDOW_S = 1.0  # seconds of work per rate sample
 ALPHA = 0.3  # weight of the newest sample (rate) / finished request (mean output)
 
 
