@@ -84,7 +84,7 @@ async def generate(
     )
     headers["x-request-id"] = queued.request_id
     if stream:
-        body = _stream(state, queued.request_id, fmt, include_usage, drain)
+        body = _stream(request, state, queued.request_id, fmt, include_usage, drain)
         headers["cache-control"] = "no-cache"
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
     drain.opened()
@@ -95,7 +95,12 @@ async def generate(
 
 
 async def _stream(
-    state: AppState, request_id: str, fmt: Formatter, include_usage: bool, drain: Drain
+    request: Request,
+    state: AppState,
+    request_id: str,
+    fmt: Formatter,
+    include_usage: bool,
+    drain: Drain,
 ) -> AsyncIterator[str]:
     ended = False  # reached an end the worker wrote: nothing to cancel
     delivered = 0  # output tokens whose text was handed to the client
@@ -114,7 +119,10 @@ async def _stream(
             if kind == "delta":
                 if text:
                     yield sse(fmt.chunk(text, None) | ({"usage": None} if include_usage else {}))
-                delivered = event["completion_tokens"]  # counted once the chunk went out
+                    # Sent, unless the connection closed meanwhile (then the send did nothing).
+                    if await request.is_disconnected():
+                        break
+                delivered = event["completion_tokens"]
                 continue
             if kind == "error":
                 ended = event.get("worker") is not None  # else the relay gave up: tell the worker

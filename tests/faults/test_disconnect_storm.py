@@ -49,9 +49,12 @@ def test_a_disconnect_storm_bills_what_each_client_got(fleet):
     for lg in logs:
         row = rows[lg.request_id]
         assert row.status == "cancelled", row
-        lo, _ = received_tokens(fleet, lg)
-        assert lo <= row.completion_tokens <= lo + HANG_UP_SLACK, (row.completion_tokens, lo)
-        over.append(row.completion_tokens - lo)
+        # Tokens whose text is empty (a character still incomplete, a skipped special token)
+        # after the last text it got cannot be told apart: those are delivered too, or not.
+        lo, hi = received_tokens(fleet, lg)
+        billed = row.completion_tokens
+        assert lo <= billed <= hi + HANG_UP_SLACK, (lg.request_id, billed, (lo, hi))
+        over.append(billed - hi if billed > hi else 0)
 
     def idle():
         stats = fleet.workers_stats()
