@@ -28,32 +28,28 @@ from typing import Any
 import redis
 
 from engine import LLMEngine, SamplingParams
-from metering.records import usage_counts
 from service import streams as p
 from service.events import (
-    DeltaEvent,
-    DoneEvent,
     ErrorEvent,
     decode_event,
-    encode_event,
     error_event,
 )
 from service.output_stream import follow
 from service.queued_request import QueuedRequest
 from service.redis_clients import UNREACHABLE, Backoff, sync_redis
 from service.settings import Settings
+from workers.heartbeat import Heartbeat
 from workers.inflight import Inflight
 from workers.load_report import LoadReport
 from workers.metrics import WorkerMetrics
-from workers.ownership import finish_call, heartbeat_call, requeue_call, takeover_call
+from workers.outbox import Outbox, Written
+from workers.output_events import cancelled_before_takeover
+from workers.ownership import takeover_call
 from workers.step_timing import StepTiming
-from workers.usage import BusyMeter, usage_record
+from workers.usage import BusyMeter
 
 log = logging.getLogger("fleetlm.worker")
 
-# A stream's TTL is set with its first event and refreshed every this many (and at its end),
-# not with every token: one command per token instead of two on the step's round trip.
-TTL_REFRESH_EVENTS = 256
 SHUTDOWN_ATTEMPTS_S = 10.0  # the last round trip is retried this long while Redis is away
 
 
@@ -62,13 +58,7 @@ class Exchange:
     """One step's Redis round trip, and where its replies land in the results."""
 
     pipe: redis.client.Pipeline
-    num_deltas: int = 0  # of the unpublished deltas, how many it carries
-    num_failed: int = 0
-    num_requeues: int = 0
-    num_acks: int = 0
-    dequeued: dict[str, int] = field(default_factory=dict)
-    sent: list[tuple[Inflight, int]] = field(default_factory=list)  # (request, tokens through)
-    finished: list[tuple[Inflight, Any]] = field(default_factory=list)  # (request, its record)
+    written: Written  # what it carries out of the outbox
     ids: list[str] = field(default_factory=list)  # inflight ids whose cancel keys were read
     streams: list[str] = field(default_factory=list)  # queues XAUTOCLAIMed, in order
     at_cancels: int = -1
@@ -102,19 +92,10 @@ class GpuWorker:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
         self.redis = sync_redis(redis_url, settings)
-        self._hb_redis = sync_redis(redis_url, settings)
         self.engine = build_engine(settings)
         self.inflight: dict[str, Inflight] = {}
-        self._lock = threading.Lock()  # guards `inflight` and `_lost` against the heartbeat
-        # Waiting for the next round trip that succeeds (each list is sent whole, and cleared
-        # only once Redis has taken it):
-        self._unpublished: list = []  # engine deltas
-        self._failed: list[tuple[Inflight, ErrorEvent]] = []  # requests to end with this event
-        self._requeues: list[Inflight] = []  # unstarted requests handed back (drain)
-        self._acks: list[tuple[str, str]] = []  # (queue, entry) of entries deleted while pending
-        self._dequeued: dict[str, int] = {}  # priority → queued tokens read off its queue
-        self._busy_record: dict[str, str] | None = None
-        self._lost: list[str] = []  # entries the heartbeat found claimed by another worker
+        self._lock = threading.Lock()  # guards `inflight` against the heartbeat thread
+        self.outbox = Outbox(self.worker_id, settings)  # what waits for a round trip
         self.stopping = threading.Event()
         # Drain (SIGTERM): read no new work, hand back the unstarted, let the rest finish until
         # drain_timeout_s, then end what still runs (`shutdown` error, billed as published).
@@ -129,6 +110,13 @@ class GpuWorker:
         self._last_reclaim = 0.0
         self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
         self._dead_after_ms = int(settings.worker_dead_after_s * 1000)
+        self.heartbeat = Heartbeat(
+            sync_redis(redis_url, settings),
+            self.worker_id,
+            settings.model_name,
+            self._dead_after_ms,
+            self._owned,
+        )
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
         self.load = LoadReport()
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
@@ -138,7 +126,12 @@ class GpuWorker:
 
     def run(self) -> None:
         self._until_redis_answers(self._create_groups)
-        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(
+            target=self.heartbeat.run,
+            args=(self.stopping, self.settings.heartbeat_interval_s),
+            name="heartbeat",
+            daemon=True,
+        ).start()
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
         # The model, the engine and the tokenizer are built and stay: keep the collector from
@@ -163,7 +156,7 @@ class GpuWorker:
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
-        self._heartbeat()
+        self.heartbeat.beat()
 
     def _until_redis_answers(self, call) -> None:
         backoff = Backoff()
@@ -196,7 +189,7 @@ class GpuWorker:
             self.busy.add(elapsed)
             self.num_steps += 1
             self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
-            self._unpublished += deltas
+            self.outbox.deltas += deltas
             if not overlap:
                 reply = self._round_trip(busy=False)
         if reply is not None:
@@ -218,6 +211,7 @@ class GpuWorker:
                     "redis_unavailable",
                 ),
                 through=lambda f: f.confirmed_tokens,
+                drop_waiting=True,
             )
             self._outage_ended = True
         self.stopping.wait(self._backoff.next_s())
@@ -225,12 +219,12 @@ class GpuWorker:
         if reply is not None:
             self._apply(*reply, -1)
 
-    def _end_all(self, event: ErrorEvent, *, through) -> None:
+    def _end_all(self, event: ErrorEvent, *, through, drop_waiting: bool) -> None:
         """Ends every request this worker runs with `event`, billed `through(request)` output
-        tokens; their deltas not yet published are dropped (billing stops where the client's
-        stream stopped)."""
+        tokens. `drop_waiting`: their deltas not yet published are dropped (Redis was away: the
+        client's stream already ended where it stopped), else published before the end."""
         ended = set()
-        failing = {f.request_id for f, _ in self._failed}
+        failing = self.outbox.failing()
         with self._lock:
             inflight = list(self.inflight.values())
         for f in inflight:
@@ -239,53 +233,24 @@ class GpuWorker:
             self._abort(f.request_id)
             f.final = error_event(event["message"], event["code"])
             f.final["usage"] = f.usage(through(f))
-            self._failed.append((f, f.final))
             ended.add(f.request_id)
-        self._unpublished = [d for d in self._unpublished if d.request_id not in ended]
+        if drop_waiting:
+            self.outbox.drop(ended)
+        self.outbox.failed += [(f, f.final) for f in inflight if f.request_id in ended]
         if ended:
             log.warning("ended %d requests: %s", len(ended), event["message"])
 
-    def _heartbeat(self) -> None:
+    def _owned(self) -> list[tuple[str, str]]:
         with self._lock:
-            owned = [(f.queue, f.entry_id) for f in self.inflight.values()]
-        info = {"pid": os.getpid(), "model": self.settings.model_name}
-        lost = self._hb_redis.eval(
-            *heartbeat_call(self.worker_id, info, self._dead_after_ms, owned)
-        )
-        if lost:
-            with self._lock:
-                self._lost += lost
-
-    def _heartbeat_loop(self) -> None:
-        failing = False
-        while not self.stopping.wait(self.settings.heartbeat_interval_s):
-            try:
-                self._heartbeat()
-                failing = False
-            except redis.RedisError as exc:
-                if not failing:
-                    log.warning("heartbeat failed: %s", exc)
-                failing = True
+            return [(f.queue, f.entry_id) for f in self.inflight.values()]
 
     def _drained(self) -> bool:
         """Drain bookkeeping at the top of each loop turn; True once nothing is left to run."""
         if self._drain_deadline is None:
             self._drain_deadline = time.monotonic() + self.settings.drain_timeout_s
-            failing = {f.request_id for f, _ in self._failed}
-            with self._lock:
-                unstarted = [
-                    f
-                    for f in self.inflight.values()
-                    if not f.published and f.final is None and f.request_id not in failing
-                ]
-                for f in unstarted:
-                    del self.inflight[f.request_id]
-            for f in unstarted:
-                self._abort(f.request_id)
-                self.metrics.forget(f.request_id)
-            self._requeues += unstarted
-            log.info("draining: handed back %d, finishing %d", len(unstarted), len(self.inflight))
-        if not self.inflight and not self._failed and not self._requeues:
+            unstarted = self._hand_back_unstarted()
+            log.info("draining: handed back %d, finishing %d", unstarted, len(self.inflight))
+        if not self.inflight and not self.outbox.failed and not self.outbox.requeues:
             return True
         if time.monotonic() > self._drain_deadline:
             log.warning("drain deadline passed with %d requests running", len(self.inflight))
@@ -295,28 +260,18 @@ class GpuWorker:
     def _shutdown(self) -> None:
         """Publishes what waits, ends the requests still streaming (`shutdown`, billed as
         published), hands unstarted ones back to their queue, and leaves the worker set."""
-        failing = {f.request_id for f, _ in self._failed}
-        with self._lock:
-            unstarted = [
-                f
-                for f in self.inflight.values()
-                if not f.published and f.final is None and f.request_id not in failing
-            ]
-            for f in unstarted:
-                del self.inflight[f.request_id]
-        self._requeues += unstarted
+        self._hand_back_unstarted()
         self._end_all(
             error_event("The server is shutting down; the request was stopped.", "shutdown"),
-            through=self._tokens_through,
+            through=self.outbox.tokens_through,
+            drop_waiting=False,
         )
-        busy = self.busy.flush()
+        self.outbox.busy_record = self.outbox.busy_record or self.busy.flush()
         deadline = time.monotonic() + min(SHUTDOWN_ATTEMPTS_S, self.settings.redis_outage_s)
         backoff = Backoff()
         while True:
             try:
                 exchange = self._build(busy=False, final=True)
-                if busy is not None:
-                    exchange.pipe.xadd(p.METERING_STREAM, busy)
                 exchange.pipe.delete(
                     p.alive_key(self.worker_id),
                     p.stats_key(self.worker_id),
@@ -332,18 +287,28 @@ class GpuWorker:
                     return
                 time.sleep(backoff.next_s())
 
+    def _hand_back_unstarted(self) -> int:
+        """Requests that have not streamed yet go back to their queue, for any worker."""
+        failing = self.outbox.failing()
+        with self._lock:
+            unstarted = [
+                f
+                for f in self.inflight.values()
+                if not f.published and f.final is None and f.request_id not in failing
+            ]
+            for f in unstarted:
+                del self.inflight[f.request_id]
+        for f in unstarted:
+            self._abort(f.request_id)
+            self.metrics.forget(f.request_id)
+        self.outbox.requeues += unstarted
+        return len(unstarted)
+
     def _abort(self, request_id: str) -> bool:
         try:
             return self.engine.abort(request_id)
         except RuntimeError:  # an error escaped mid-step (shutting down): nothing to free
             return False
-
-    def _tokens_through(self, f: Inflight) -> int:
-        """Output tokens published once the deltas waiting for this request are sent too."""
-        pending = [
-            d.usage.completion_tokens for d in self._unpublished if d.request_id == f.request_id
-        ]
-        return max([f.sent_tokens, *pending])
 
     # -- the per-step round trip ----------------------------------------------------------
 
@@ -375,26 +340,9 @@ class GpuWorker:
 
     def _build(self, *, busy: bool, final: bool = False) -> Exchange:
         pipe = self.redis.pipeline(transaction=False)
-        exchange = Exchange(pipe=pipe, num_deltas=len(self._unpublished))
-        for delta in self._unpublished:
-            self._publish(exchange, delta)
-        exchange.num_failed = len(self._failed)
-        for f, event in self._failed:
-            self._finish(exchange, f, event)
-        exchange.num_requeues = len(self._requeues)
-        for f in self._requeues:
-            pipe.eval(*requeue_call(f.req, f.queue, f.entry_id, self.worker_id))
-        exchange.num_acks = len(self._acks)
-        for queue, entry_id in self._acks:
-            pipe.xack(queue, p.GROUP, entry_id)
-            pipe.xdel(queue, entry_id)
-        exchange.dequeued = dict(self._dequeued)
-        for priority, tokens in exchange.dequeued.items():
-            pipe.decrby(p.queued_tokens_key(priority), tokens)
-        if self._busy_record is None:
-            self._busy_record = self.busy.due()
-        if self._busy_record is not None:
-            pipe.xadd(p.METERING_STREAM, self._busy_record)
+        if self.outbox.busy_record is None:
+            self.outbox.busy_record = self.busy.due()
+        exchange = Exchange(pipe=pipe, written=self.outbox.write(pipe, self.inflight))
         if final:
             return exchange
 
@@ -447,17 +395,9 @@ class GpuWorker:
         return exchange
 
     def _confirm(self, exchange: Exchange) -> None:
-        """Redis took the round trip: drop what it carried from the waiting lists."""
-        del self._unpublished[: exchange.num_deltas]
-        del self._failed[: exchange.num_failed]
-        del self._requeues[: exchange.num_requeues]
-        del self._acks[: exchange.num_acks]
-        for priority, tokens in exchange.dequeued.items():
-            self._dequeued[priority] -= tokens
-        self._busy_record = None
-        for f, tokens in exchange.sent:
-            f.confirmed_tokens = max(f.confirmed_tokens, tokens)
-        for f, record in exchange.finished:
+        """Redis took the round trip: what it carried leaves the outbox."""
+        self.outbox.confirm(exchange.written)
+        for f, record in exchange.written.finished:
             with self._lock:
                 self.inflight.pop(f.request_id, None)
             self.metrics.forget(f.request_id)
@@ -505,8 +445,8 @@ class GpuWorker:
     def _drop_lost(self) -> None:
         """Requests another worker claimed while this one was cut off: it runs them now (and
         bills them); stop them here without a word."""
+        lost = self.heartbeat.take_lost()
         with self._lock:
-            lost, self._lost = set(self._lost), []
             gone = [f for f in self.inflight.values() if f.entry_id in lost]
             for f in gone:
                 del self.inflight[f.request_id]
@@ -514,9 +454,7 @@ class GpuWorker:
             self.engine.abort(f.request_id)
             self.metrics.forget(f.request_id)
             log.warning("request %s was taken over by another worker", f.request_id)
-        if gone:
-            ids = {f.request_id for f in gone}
-            self._failed = [(f, e) for f, e in self._failed if f.request_id not in ids]
+        self.outbox.drop({f.request_id for f in gone})
 
     def _stats_mapping(self, stats: Any) -> dict[str, Any]:
         return {
@@ -551,13 +489,13 @@ class GpuWorker:
         """`counted`: read off the queue (not reclaimed), so its queued tokens leave the queue's
         counter; `resume`: the follower of the stream another worker started."""
         if not fields or "r" not in fields:  # deleted while pending
-            self._acks.append((queue, entry_id))
+            self.outbox.acks.append((queue, entry_id))
             return
         req = QueuedRequest.decode(fields["r"])
         if req.request_id in self.inflight:
             return
         if counted and req.queued_tokens:
-            self._dequeued[req.priority] = self._dequeued.get(req.priority, 0) + req.queued_tokens
+            self.outbox.add_dequeued(req.priority, req.queued_tokens)
         f = Inflight(req, queue, entry_id)
         output: list[int] = []
         if resume is not None:
@@ -581,7 +519,7 @@ class GpuWorker:
             code = "worker_lost" if resume is not None else "invalid_request"
             event = error_event(str(exc), code)
             event["usage"] = f.usage(f.sent_tokens)
-            self._failed.append((f, event))
+            self.outbox.failed.append((f, event))
 
     def _admit_reclaimed(self, queue: str, claimed: list) -> None:
         """Entries of a worker taken for dead. One that is still ours (this worker was cut off
@@ -590,12 +528,12 @@ class GpuWorker:
         if its client went away meanwhile."""
         for entry_id, fields in claimed:
             if not fields or "r" not in fields:
-                self._acks.append((queue, entry_id))
+                self.outbox.acks.append((queue, entry_id))
                 continue
             req = QueuedRequest.decode(fields["r"])
             if req.request_id in self.inflight:
                 continue
-            ttl = self._output_ttl(req)
+            ttl = self.outbox.output_ttl(Inflight(req, queue, entry_id))
             try:
                 raw, cancel = self.redis.eval(*takeover_call(req.request_id, self.worker_id, ttl))
             except UNREACHABLE as exc:  # still pending on us: claimed again later
@@ -604,19 +542,13 @@ class GpuWorker:
             # A script's reply: each entry is [id, [field, value, ...]].
             follower, _ = follow([decode_event(dict(zip(f[::2], f[1::2]))) for _, f in raw])
             if follower.finished:  # ended, and its entry left behind
-                self._acks.append((queue, entry_id))
+                self.outbox.acks.append((queue, entry_id))
             elif cancel is not None:
                 f = Inflight(req, queue, entry_id, published=True)
                 f.cached_tokens = follower.cached_tokens
-                delivered = p.delivered_of(cancel)
-                n = follower.num_tokens
-                if delivered is not None:
-                    n = min(n, delivered)
-                event = error_event("request cancelled", "cancelled")
-                event["usage"] = f.usage(n)
                 with self._lock:
                     self.inflight[req.request_id] = f
-                self._failed.append((f, event))
+                self.outbox.failed.append((f, cancelled_before_takeover(f, follower, cancel)))
             else:
                 resume = follower if follower.num_tokens else None
                 log.info(
@@ -625,75 +557,3 @@ class GpuWorker:
                     follower.num_tokens,
                 )
                 self._admit(queue, entry_id, fields, resume=resume)
-
-    # -- output --------------------------------------------------------------------------
-
-    def _publish(self, exchange: Exchange, delta: Any) -> None:
-        f = self.inflight.get(delta.request_id)
-        if f is None:
-            return
-        pipe = exchange.pipe
-        if not delta.finished:
-            event: DeltaEvent = {
-                "type": "delta",
-                "text": delta.new_text,
-                "worker": self.worker_id,
-                "completion_tokens": delta.usage.completion_tokens,
-                "token_ids": delta.new_token_ids,
-            }
-            if not f.published:
-                event["cached_tokens"] = delta.usage.cached_tokens
-            key = p.output_key(delta.request_id)
-            pipe.xadd(key, encode_event(event))
-            if f.num_events % TTL_REFRESH_EVENTS == 0:
-                pipe.expire(key, self._output_ttl(f.req))
-            f.num_events += 1
-            f.published = True
-            f.sent_tokens = max(f.sent_tokens, delta.usage.completion_tokens)
-            exchange.sent.append((f, f.sent_tokens))
-            return
-        if f.final is not None:
-            return  # the engine's end of a request this worker already ended itself
-        engine_usage = asdict(delta.usage)
-        reason = delta.finish_reason
-        final: DoneEvent | ErrorEvent
-        if reason in ("stop", "length"):
-            final = {
-                "type": "done",
-                "text": delta.new_text,
-                "worker": self.worker_id,
-                "finish_reason": reason,
-                "usage": f.usage(delta.usage.completion_tokens, engine_usage),
-            }
-        else:
-            n = delta.usage.completion_tokens
-            if reason == "abort":
-                final = error_event("request cancelled", "cancelled")
-                if f.cancel_delivered is not None:  # what the client got before it left
-                    n = min(n, f.cancel_delivered)
-            else:
-                final = error_event(delta.error or "the engine failed", "engine_error")
-            final |= {"text": delta.new_text, "usage": f.usage(n, engine_usage)}
-        self._finish(exchange, f, final, delta)
-
-    def _output_ttl(self, req: QueuedRequest) -> int:
-        # A batch line's output waits for the batch pump (which deletes it), not a live client.
-        return self.settings.batch_output_ttl_s if req.batch_id else self.settings.output_ttl_s
-
-    def _finish(
-        self,
-        exchange: Exchange,
-        f: Inflight,
-        event: DoneEvent | ErrorEvent,
-        delta: Any = None,
-    ) -> None:
-        """The final event, the usage record, the reservation's release and the XACK of one
-        request: one Lua call, which does nothing if another worker took the request over."""
-        event["worker"] = self.worker_id
-        event["usage"] = usage_counts(event.get("usage"))
-        record = usage_record(f.req, event, delta, self.worker_id)
-        ttl = self._output_ttl(f.req)
-        exchange.pipe.eval(
-            *finish_call(f.req, f.queue, f.entry_id, self.worker_id, event, ttl, record)
-        )
-        exchange.finished.append((f, record))

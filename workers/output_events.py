@@ -1,0 +1,65 @@
+# What a worker publishes on a request's output stream for each engine delta, and what every end
+# bills. The rule: a request is billed the output tokens its client received —
+#   finished (stop, length)   everything the engine produced (all of it is in the stream);
+#   cancelled (client gone)   what the API says the client got before it left (the cancel flag
+#                             carries it), never more than the engine produced;
+#   ended by the worker       (drain deadline, shutdown, Redis away past the bound) what the
+#                             worker had published: Inflight.sent_tokens / confirmed_tokens;
+#   taken over                the resuming worker's own end, with the first run's tokens
+#                             counted in (one row: the first worker never finishes it).
+# Prompt tokens are billed once whatever happens, with the cached tokens of the request's first
+# run (a resumed run's cache hits are the fleet's business, not the tenant's).
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from engine.outputs import RequestDelta
+from service.events import DeltaEvent, DoneEvent, ErrorEvent, error_event
+from service.output_stream import OutputFollower
+from service.streams import delivered_of
+from workers.inflight import Inflight
+
+
+def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
+    event: DeltaEvent = {
+        "type": "delta",
+        "text": delta.new_text,
+        "worker": worker_id,
+        "completion_tokens": delta.usage.completion_tokens,
+        "token_ids": delta.new_token_ids,
+    }
+    if not f.published:  # the first: what a worker resuming it bills as cached
+        event["cached_tokens"] = delta.usage.cached_tokens
+    return event
+
+
+def final_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DoneEvent | ErrorEvent:
+    """The end of a request the engine finished (or aborted on a cancel)."""
+    engine_usage = asdict(delta.usage)
+    n = delta.usage.completion_tokens
+    reason = delta.finish_reason
+    if reason in ("stop", "length"):
+        return {
+            "type": "done",
+            "text": delta.new_text,
+            "worker": worker_id,
+            "finish_reason": reason,
+            "usage": f.usage(n, engine_usage),
+        }
+    if reason == "abort":
+        event = error_event("request cancelled", "cancelled")
+        if f.cancel_delivered is not None:  # what the client got before it left
+            n = min(n, f.cancel_delivered)
+    else:
+        event = error_event(delta.error or "the engine failed", "engine_error")
+    return event | {"text": delta.new_text, "usage": f.usage(n, engine_usage)}
+
+
+def cancelled_before_takeover(f: Inflight, follower: OutputFollower, flag: str) -> ErrorEvent:
+    """A request whose worker stopped and whose client went away before another took it over:
+    billed what its stream had delivered, or what the client said it got."""
+    delivered = delivered_of(flag)
+    n = follower.num_tokens if delivered is None else min(delivered, follower.num_tokens)
+    event = error_event("request cancelled", "cancelled")
+    event["usage"] = f.usage(n)
+    return event
