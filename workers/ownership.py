@@ -128,9 +128,16 @@ def requeue_call(req: QueuedRequest, queue: str, entry_id: str, worker_id: str) 
     )  # fmt: skip
 
 
-def heartbeat_call(worker_id: str, info: dict, ttl_ms: int, owned: list[tuple[str, str]]) -> tuple:
-    """`owned`: (queue, entry id) of every request the worker runs."""
-    queues = [p.queue_key(priority) for priority in p.PRIORITIES]
+def heartbeat_call(
+    worker_id: str,
+    info: dict,
+    ttl_ms: int,
+    owned: list[tuple[str, str]],
+    queues: list[str] | None = None,
+) -> tuple:
+    """`owned`: (queue, entry id) of every request the worker runs, on `queues` (the priority
+    queues unless told)."""
+    queues = queues or [p.queue_key(priority) for priority in p.PRIORITIES]
     entries = [f"{queues.index(queue) + 3}:{entry}" for queue, entry in owned]
     return (
         HEARTBEAT_SCRIPT, 2 + len(queues), p.alive_key(worker_id), p.WORKERS_SET, *queues,
