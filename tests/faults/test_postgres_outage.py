@@ -66,7 +66,14 @@ def test_serving_rides_out_postgres_stopped_30s(fleet):
     for r in readiness:
         assert r.status_code == 200 and r.json()["database"] is False, r.text
     # Metering catches up: one row per request, billing what each client received.
+    resumed_at = time.monotonic()
     check_billing(fleet, logs, timeout_s=90)
+    print(
+        f"postgres stopped {STOP_S:.0f}s: {len(logs) - 1} requests served with cached keys, "
+        f"{len(refusals)} unknown-key requests refused (503) in "
+        f"{max(e for _, e in refusals):.1f}s at most; metering caught up "
+        f"{time.monotonic() - resumed_at:.1f}s after it came back"
+    )
     late = httpx.post(
         fleet.base_url + "/v1/completions",
         json=completion_body(4, stream=False),

@@ -82,6 +82,11 @@ def test_streams_ride_out_redis_paused_10s(fleet):
     assert max(b - a for lg in logs for a, b in zip(lg.times, lg.times[1:])) <= KEEPALIVE_S + 3
     assert redis_pid(fleet) == pid
     check_billing(fleet, logs)
+    print(
+        f"redis paused {PAUSE_S:.0f}s: {len(refused)} requests refused (503) in "
+        f"{max(r.elapsed_s for r in refused):.1f}s at most; longest silence on a stream "
+        f"{max(lg.max_gap_s() for lg in logs):.1f}s; streams finished whole"
+    )
 
 
 def test_streams_ride_out_redis_killed_and_restarted(fleet):
@@ -103,5 +108,9 @@ def test_streams_ride_out_redis_killed_and_restarted(fleet):
     join_all(threads)
     check_streams_survived(logs)
     check_billing(fleet, logs)
+    print(
+        f"redis killed: back after {back_after_s:.1f}s; longest silence on a stream "
+        f"{max(lg.max_gap_s() for lg in logs):.1f}s; streams finished whole"
+    )
     assert back_after_s < 10
     assert len(fleet.workers_stats()) == 2, "the workers stayed up"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import httpx
 import pytest
@@ -47,6 +48,7 @@ def test_a_killed_workers_streams_resume_on_the_other_worker(fleet):
     victim = busiest["id"]
     assert busiest["num_running"] > 0
     os.kill(worker_pid(fleet, victim), signal.SIGKILL)
+    killed_at = time.monotonic()
     join_all(threads)
 
     for lg in logs:
@@ -62,6 +64,17 @@ def test_a_killed_workers_streams_resume_on_the_other_worker(fleet):
     reference = uninterrupted(fleet, MAX_TOKENS)
     for lg in logs:
         assert lg.text == reference, lg.request_id
+    gaps = [lg.max_gap_s() for lg in logs]
+    resumed_after = [
+        min(t for t, k in zip(lg.times, lg.kinds) if t > killed_at and k == "chunk") - killed_at
+        for lg in taken_over
+    ]
+    print(
+        f"worker death: {len(taken_over)} of {len(logs)} streams taken over; first token after "
+        f"the kill {min(resumed_after):.1f}-{max(resumed_after):.1f}s; longest silence "
+        f"{max(gaps):.1f}s with keep-alives (liveness bound {LIVENESS_BOUND_S:.2f}s)"
+    )
+    assert max(resumed_after) <= LIVENESS_BOUND_S + SLACK_S
     rows = check_billing(fleet, logs)
     for lg in taken_over:
         row = rows[lg.request_id]
