@@ -31,7 +31,12 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
         connect_timeout = max(2, math.ceil(settings.database_timeout_s))
         db = make_engine(database_url, connect_args={"connect_timeout": connect_timeout})
         sessions = make_sessionmaker(db)
-        redis = async_redis(redis_url, settings, max_connections=settings.redis_max_connections)
+        redis = async_redis(
+            redis_url,
+            settings,
+            block_s=settings.relay_poll_s,  # the relay's XREAD BLOCK
+            max_connections=settings.redis_max_connections,
+        )
         max_model_len = settings.resolved_max_model_len()
         app.state.fleetlm = AppState(
             settings=settings,

@@ -18,25 +18,29 @@ CONNECT_RETRIES = 2
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
-def _options(settings: Settings) -> dict:
+def _options(settings: Settings, block_s: float) -> dict:
     return {
         "decode_responses": True,
-        "socket_timeout": settings.redis_timeout_s,
+        # A blocking read (XREAD/XREADGROUP BLOCK) legitimately waits its block time first.
+        "socket_timeout": settings.redis_timeout_s + block_s,
         "socket_connect_timeout": settings.redis_timeout_s,
         "socket_keepalive": True,
     }
 
 
-def sync_redis(url: str, settings: Settings, **kwargs) -> redis.Redis:
+def sync_redis(url: str, settings: Settings, *, block_s: float = 0.0, **kwargs) -> redis.Redis:
+    """`block_s`: the longest BLOCK its blocking reads use."""
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), CONNECT_RETRIES, (redis.ConnectionError,))
-    return redis.Redis.from_url(url, retry=retry, **_options(settings) | kwargs)
+    return redis.Redis.from_url(url, retry=retry, **_options(settings, block_s) | kwargs)
 
 
-def async_redis(url: str, settings: Settings, **kwargs) -> redis.asyncio.Redis:
+def async_redis(
+    url: str, settings: Settings, *, block_s: float = 0.0, **kwargs
+) -> redis.asyncio.Redis:
     retry = AsyncRetry(
         ExponentialBackoff(cap=0.5, base=0.05), CONNECT_RETRIES, (redis.ConnectionError,)
     )
-    return redis.asyncio.Redis.from_url(url, retry=retry, **_options(settings) | kwargs)
+    return redis.asyncio.Redis.from_url(url, retry=retry, **_options(settings, block_s) | kwargs)
 
 
 class Backoff:

@@ -91,7 +91,8 @@ class GpuWorker:
     def __init__(self, settings: Settings, redis_url: str, worker_id: str | None = None) -> None:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
-        self.redis = sync_redis(redis_url, settings)
+        # An idle worker's XREADGROUP blocks half a heartbeat interval.
+        self.redis = sync_redis(redis_url, settings, block_s=settings.heartbeat_interval_s)
         self.engine = build_engine(settings)
         self.inflight: dict[str, Inflight] = {}
         self._lock = threading.Lock()  # guards `inflight` against the heartbeat thread
@@ -320,6 +321,14 @@ class GpuWorker:
         t1 = time.perf_counter()
         try:
             results = exchange.pipe.execute()
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # A Redis that came back without the queues' consumer group (a replica promoted
+            # from an empty one, say): recreate it; what this trip carried is sent again.
+            log.warning("the queues' consumer group is gone; recreating it")
+            self._until_redis_answers(self._create_groups)
+            return None
         except UNREACHABLE as exc:
             if self.outage_since is None:
                 self.outage_since = time.monotonic()
