@@ -1,7 +1,7 @@
 # Overload: shed at admission instead of queueing work that cannot start in time. A request's
 # predicted wait is the work queued ahead of it, in tokens (fleetlm:q:{priority}:tokens: prompt
 # plus expected output of every request not yet read by a worker), divided by the fleet's service
-# rate (the sum of the live workers' tokens per busy second, workers/load_report.py). Batch
+# rate (the sum of the live workers' tokens per second of work, workers/load_report.py). Batch
 # (flex) work waits behind interactive work as well as its own, so under load it is shed first.
 # Over max_queue_wait_s (batch_max_queue_wait_s for flex) → 503 `overloaded` with a Retry-After
 # of the time the queue needs to drain back to the bound if nothing else arrived.

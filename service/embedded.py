@@ -19,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 from service.settings import Settings
 
@@ -95,14 +96,6 @@ class EmbeddedServices:
         self._pg_server = pgserver.get_server(pgdata, cleanup_mode="stop")
         self.database_url = self._pg_server.get_uri()
 
-    @property
-    def redis_pid(self) -> int | None:
-        return self._redis_proc.pid if self._redis_proc is not None else None
-
-    @property
-    def postgres_pid(self) -> int | None:
-        return self._pg_server.get_pid() if self._pg_server is not None else None
-
     def restart_dead(self) -> list[str]:
         """Restarts whichever embedded service has exited; returns their names. A stopped
         (paused) process is alive: it is waited out, not restarted."""
@@ -111,6 +104,12 @@ class EmbeddedServices:
             self._start_redis()
             restarted.append("redis")
         if self._pg_server is not None and not _postgres_running(self._pg_server):
+            # A zombie postmaster (under an init that does not reap) still holds its pid file
+            # and its socket's lock file, which would make both pgserver and postgres take it
+            # for running; it is dead, so they go.
+            (Path(self._pg_server.pgdata) / "postmaster.pid").unlink(missing_ok=True)
+            for lock in _socket_dir(self.database_url).glob(".s.PGSQL.*.lock"):
+                lock.unlink(missing_ok=True)
             self._pg_server.ensure_postgres_running()  # pg_ctl start: crash recovery, same socket
             if self._pg_server.get_uri() != self.database_url:
                 raise RuntimeError("the restarted Postgres listens elsewhere")
@@ -130,6 +129,12 @@ class EmbeddedServices:
                 self._redis_proc.kill()
                 self._redis_proc.wait()
         self._redis_proc = None
+
+
+def _socket_dir(database_url: str | None) -> Path:
+    """pgserver listens on a Unix socket: postgresql://user:@/db?host=<socket dir>."""
+    query = parse_qs(urlparse(database_url or "").query)
+    return Path(query.get("host", ["/nonexistent"])[0])
 
 
 def _postgres_running(server) -> bool:

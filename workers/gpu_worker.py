@@ -225,11 +225,13 @@ class GpuWorker:
         tokens. `drop_waiting`: their deltas not yet published are dropped (Redis was away: the
         client's stream already ended where it stopped), else published before the end."""
         ended = set()
-        failing = self.outbox.failing()
+        ending = self.outbox.failing()
+        if not drop_waiting:  # an end the engine produced, waiting to be published, stands
+            ending |= self.outbox.finishing()
         with self._lock:
             inflight = list(self.inflight.values())
         for f in inflight:
-            if f.final is not None or f.request_id in failing:
+            if f.final is not None or f.request_id in ending:
                 continue
             self._abort(f.request_id)
             f.final = error_event(event["message"], event["code"])

@@ -53,6 +53,10 @@ class Outbox:
     def failing(self) -> set[str]:
         return {f.request_id for f, _ in self.failed}
 
+    def finishing(self) -> set[str]:
+        """Requests whose end the engine produced and which wait to be published."""
+        return {d.request_id for d in self.deltas if d.finished}
+
     def drop(self, request_ids: set[str]) -> None:
         """Forget the deltas and ends of these requests (ended otherwise, or lost)."""
         self.deltas = [d for d in self.deltas if d.request_id not in request_ids]

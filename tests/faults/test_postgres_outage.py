@@ -9,6 +9,7 @@ import signal
 import time
 
 import httpx
+import psutil
 import pytest
 
 from tests.faults.conftest import (
@@ -21,6 +22,7 @@ from tests.faults.conftest import (
     signal_all,
     stream_completion,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -81,3 +83,32 @@ def test_serving_rides_out_postgres_stopped_30s(fleet):
         timeout=60,
     )
     assert late.status_code == 200, late.text
+
+
+def test_a_killed_postgres_is_restarted_and_metering_catches_up(fleet):
+    ensure_workers(fleet, 2)
+    warm = stream_completion(fleet, completion_body(8), StreamLog())
+    assert warm.status == 200  # the demo key is verified and cached
+    (postmaster, *_) = postgres_processes(fleet)
+    postmaster.kill()  # SIGKILL: `fleetlm serve` restarts it from its data directory
+
+    def restarted():
+        try:
+            return postgres_processes(fleet)[0].pid != postmaster.pid
+        except (OSError, ValueError, IndexError, psutil.Error):
+            return False
+
+    logs = [warm, stream_completion(fleet, completion_body(16), StreamLog(), timeout_s=30)]
+    wait_until(restarted, 60, "fleetlm serve to restart Postgres", 0.2)
+    logs.append(stream_completion(fleet, completion_body(16), StreamLog(), timeout_s=30))
+    for lg in logs:
+        assert lg.status == 200 and lg.ended_properly and lg.finish_reason == "length", lg
+    check_billing(fleet, logs, timeout_s=90)
+    fresh = fleet.create_tenant(f"pg-restart-{time.monotonic_ns()}")
+    r = httpx.post(
+        fleet.base_url + "/v1/completions",
+        json=completion_body(4, stream=False),
+        headers={"Authorization": f"Bearer {fresh}"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
