@@ -32,7 +32,8 @@ def test_sigterm_during_long_streams_ends_them_explicitly_and_exits_in_time(tmp_
         tmp_path_factory, "drain", workers=1, FLEETLM_DRAIN_TIMEOUT_S=str(DRAIN_TIMEOUT_S)
     )
     try:
-        threads, logs = start_streams(srv, [completion_body(1000) for _ in range(6)])
+        # Long enough to be running at the deadline however fast the machine is today.
+        threads, logs = start_streams(srv, [completion_body(3000) for _ in range(6)])
         wait_until(lambda: all(lg.num_chunks >= 3 for lg in logs), 60, "every stream to start")
         signalled = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
