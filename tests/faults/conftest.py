@@ -129,6 +129,19 @@ def completion_body(max_tokens: int, *, stream: bool = True, **extra) -> dict:
     return body | extra
 
 
+def complete(server: Server, body: dict, *, key: str | None = None, timeout_s: float = 60):
+    """A non-streaming /v1/completions; the response, with `elapsed_s` (wall seconds)."""
+    started = time.monotonic()
+    r = httpx.post(
+        server.base_url + "/v1/completions",
+        json=body | {"stream": False},
+        headers={"Authorization": f"Bearer {key or server.key}"},
+        timeout=timeout_s,
+    )
+    r.elapsed_s = time.monotonic() - started
+    return r
+
+
 def stream_completion(
     server: Server,
     body: dict,

@@ -16,6 +16,7 @@ from tests.faults.conftest import (
     SLACK_S,
     StreamLog,
     check_billing,
+    complete,
     completion_body,
     ensure_workers,
     postgres_processes,
@@ -45,14 +46,8 @@ def test_serving_rides_out_postgres_stopped_30s(fleet):
         stopped_at = time.monotonic()
         while time.monotonic() < stopped_at + STOP_S:
             logs.append(stream_completion(fleet, completion_body(32), StreamLog(), timeout_s=30))
-            started = time.monotonic()
-            r = httpx.post(
-                fleet.base_url + "/v1/completions",
-                json=completion_body(8, stream=False),
-                headers={"Authorization": f"Bearer {never_used_key}"},
-                timeout=30,
-            )
-            refusals.append((r, time.monotonic() - started))
+            r = complete(fleet, completion_body(8), key=never_used_key, timeout_s=30)
+            refusals.append((r, r.elapsed_s))
             readiness.append(httpx.get(fleet.base_url + "/ready", timeout=30))
     finally:
         signal_all(processes, signal.SIGCONT)
@@ -76,12 +71,7 @@ def test_serving_rides_out_postgres_stopped_30s(fleet):
         f"{max(e for _, e in refusals):.1f}s at most; metering caught up "
         f"{time.monotonic() - resumed_at:.1f}s after it came back"
     )
-    late = httpx.post(
-        fleet.base_url + "/v1/completions",
-        json=completion_body(4, stream=False),
-        headers={"Authorization": f"Bearer {never_used_key}"},
-        timeout=60,
-    )
+    late = complete(fleet, completion_body(4), key=never_used_key)
     assert late.status_code == 200, late.text
 
 
@@ -105,10 +95,5 @@ def test_a_killed_postgres_is_restarted_and_metering_catches_up(fleet):
         assert lg.status == 200 and lg.ended_properly and lg.finish_reason == "length", lg
     check_billing(fleet, logs, timeout_s=90)
     fresh = fleet.create_tenant(f"pg-restart-{time.monotonic_ns()}")
-    r = httpx.post(
-        fleet.base_url + "/v1/completions",
-        json=completion_body(4, stream=False),
-        headers={"Authorization": f"Bearer {fresh}"},
-        timeout=60,
-    )
+    r = complete(fleet, completion_body(4), key=fresh)
     assert r.status_code == 200, r.text

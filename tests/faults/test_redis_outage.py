@@ -18,6 +18,7 @@ from tests.faults.conftest import (
     REDIS_TIMEOUT_S,
     SLACK_S,
     check_billing,
+    complete,
     completion_body,
     ensure_workers,
     join_all,
@@ -37,15 +38,7 @@ def refused_while_away(server, until: float) -> list[httpx.Response]:
     """New requests while Redis is away, one after another until `until` (monotonic)."""
     refused = []
     while time.monotonic() < until:
-        started = time.monotonic()
-        r = httpx.post(
-            server.base_url + "/v1/completions",
-            json=completion_body(8, stream=False),
-            headers={"Authorization": f"Bearer {server.key}"},
-            timeout=30,
-        )
-        r.elapsed_s = time.monotonic() - started
-        refused.append(r)
+        refused.append(complete(server, completion_body(8), timeout_s=30))
     return refused
 
 

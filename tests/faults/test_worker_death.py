@@ -8,7 +8,6 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 
 from service.events import decode_event
@@ -16,6 +15,7 @@ from tests.faults.conftest import (
     LIVENESS_BOUND_S,
     SLACK_S,
     check_billing,
+    complete,
     completion_body,
     ensure_workers,
     join_all,
@@ -33,12 +33,7 @@ SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 1234}
 
 
 def uninterrupted(server, max_tokens: int, **sampling) -> str:
-    r = httpx.post(
-        server.base_url + "/v1/completions",
-        json=completion_body(max_tokens, stream=False, **sampling),
-        headers={"Authorization": f"Bearer {server.key}"},
-        timeout=120,
-    )
+    r = complete(server, completion_body(max_tokens, **sampling), timeout_s=120)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["text"]
 
