@@ -37,10 +37,13 @@ bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: B
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
+def authorization(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    """The Authorization header KeyVerifier reads, from what HTTPBearer parsed."""
+    return None if credentials is None else f"Bearer {credentials.credentials}"
+
+
 async def current_principal(state: State, credentials: Credentials) -> Principal:
-    return await state.keys.verify(
-        None if credentials is None else f"Bearer {credentials.credentials}"
-    )
+    return await state.keys.verify(authorization(credentials))
 
 
 def get_session(state: State) -> Iterator[Session]:

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.auth import forbidden
-from api.deps import Credentials, State
+from api.deps import Credentials, State, authorization
 from api.errors import ErrorResponse
 from api.openapi import AUTHED, errors
 from api.relay import live_workers
@@ -85,8 +85,7 @@ class MetricsListenerGuard:
 async def metrics_reader(request: Request, state: State, credentials: Credentials) -> None:
     if on_metrics_listener(request.scope, state.settings):
         return
-    key = None if credentials is None else f"Bearer {credentials.credentials}"
-    if not (await state.keys.verify(key)).is_admin:
+    if not (await state.keys.verify(authorization(credentials))).is_admin:
         raise forbidden("/metrics needs an admin key (or scrape FLEETLM_METRICS_PORT)")
 
 

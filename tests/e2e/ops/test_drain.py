@@ -102,6 +102,7 @@ def test_api_drain_refuses_new_work_and_finishes_open_streams(fleet):
 
     port = free_port()
     env = {**fleet.env, "FLEETLM_PORT": str(port), "FLEETLM_DRAIN_DELAY_S": "1"}
+    env["FLEETLM_METRICS_PORT"] = "0"  # the fleet's API holds the metrics port
     log = open(fleet.log_path, "a")  # noqa: SIM115 - the child keeps writing to it
     api = subprocess.Popen(
         [*CLI, "api", "--data-dir", str(fleet.data_dir)],
