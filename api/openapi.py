@@ -50,15 +50,37 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": OpenAIError, "description": WHY[status]} for status in statuses}
 
 
+# Models that only appear inside server-sent events: FastAPI does not see them, so install() adds
+# them to the document's components.
+_EVENT_MODELS: dict[str, type[BaseModel]] = {}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
 def sse_and_json(model: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, Any]:
     """A generation's 200: one JSON object, or with `stream: true` server-sent events whose
-    `data:` lines carry `chunk` objects (then `[DONE]`)."""
+    `data` is a `chunk` object, or an error once streaming began, and last `[DONE]`. (OpenAPI
+    3.1: the event stream's `schema` describes each event.)"""
+    _EVENT_MODELS[chunk.__name__] = chunk
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [_ref(chunk.__name__), _ref("OpenAIError")]},
+    }
+    event = {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}},
+    }
     return {
         200: {
             "model": model,
             "description": f"`{model.__name__}`; with `stream: true`, server-sent events of "
-            f"`{chunk.__name__}` objects ending with `data: [DONE]`.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            f"`{chunk.__name__}` objects (an error object if the request fails once streaming "
+            "began), then `data: [DONE]`.",
+            "content": {"text/event-stream": {"schema": event}},
         }
     }
 
@@ -80,6 +102,11 @@ def _corrected(document: dict[str, Any]) -> dict[str, Any]:
     schemas = document.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+    for name, model in _EVENT_MODELS.items():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for nested, definition in schema.pop("$defs", {}).items():
+            schemas.setdefault(nested, definition)
+        schemas.setdefault(name, schema)
     return document
 
 

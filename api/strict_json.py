@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email.message
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -15,6 +16,8 @@ from starlette.responses import Response
 
 from metering.text_rules import unpaired_surrogate_path
 from service.errors import APIError
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def is_json(content_type: str | None) -> bool:
@@ -39,7 +42,8 @@ def decode_json_body(body: bytes) -> Any:
         raise APIError(
             400, f"The request body is not valid JSON: {reason}.", code="invalid_json"
         ) from None
-    path = unpaired_surrogate_path(value)
+    # Only a \uD800-\uDFFF escape makes a surrogate: most bodies have none, and are not walked.
+    path = unpaired_surrogate_path(value) if _SURROGATE_ESCAPE.search(body) else None
     if path is not None:
         raise APIError(
             400,

@@ -38,7 +38,7 @@ from tests.api.conftest import SETTINGS
 
 pytestmark = pytest.mark.timeout(300)
 
-MAX_EXAMPLES = 20  # per operation and generation mode
+MAX_EXAMPLES = 100  # per operation and generation mode
 SEED = 18
 CHECKS = [
     not_a_server_error,
