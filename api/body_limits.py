@@ -1,5 +1,5 @@
 # Bounded request bodies, before any parsing: a Content-Length over the route's limit is refused
-# at once (413) without reading a byte; a body that grows past it while streaming is cut off at
+# (413) before a byte is read; a body that grows past it while streaming is cut off at
 # the limit (413); a body not complete within body_timeout_s of its headers (stalled, or dripped
 # a byte at a time) is answered 408, and the connection is closed (the request was never read to
 # its end). Uploads to /v1/files have their own limits: file_max_bytes plus room for the multipart
@@ -75,10 +75,6 @@ class BodyLimitMiddleware:
         limit, timeout_s = self.limits_for(scope)
         deadline = asyncio.get_running_loop().time() + timeout_s
         declared = _content_length(scope)
-        if declared is not None and declared > limit:
-            await api_error_response(too_large(limit))(scope, receive, send)
-            return
-
         received = 0
         body_done = False
         started = False
@@ -87,6 +83,10 @@ class BodyLimitMiddleware:
             nonlocal received, body_done
             if body_done:  # later receives wait for a disconnect: no deadline, nothing to count
                 return await receive()
+            # Checked when the route first asks for its body, before a byte is read: routes that
+            # take no body (GET, DELETE) ignore whatever a client sends.
+            if declared is not None and declared > limit:
+                raise BodyRefused(too_large(limit))
             try:
                 async with asyncio.timeout_at(deadline):
                     message = await receive()
