@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
-from importlib.metadata import version
 
 from fastapi import FastAPI
 from redis.asyncio import Redis
@@ -51,7 +50,6 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
 
     app = FastAPI(
         title="fleetlm",
-        version=version("fleetlm"),
         description="OpenAI-compatible API: chat and text completions, files and batches.",
         lifespan=lifespan,
     )
