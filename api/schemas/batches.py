@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.pages import ListPage
 from metering.batch_models import Batch
-from service.schemas.text_fields import Metadata
+from service.schemas.fields import Metadata
 
 
 class CreateBatch(BaseModel):

@@ -5,9 +5,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.schemas.fields import PositiveInt
 from service.schemas.formatter import Formatter, created_now
 from service.schemas.sampling import SamplingRequest, Usage
-from service.schemas.text_fields import PositiveInt
 
 
 class TextPart(BaseModel):

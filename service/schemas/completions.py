@@ -5,9 +5,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from service.schemas.fields import NonEmptyStr, NonNegativeInt, OnlyOne, PositiveInt
 from service.schemas.formatter import Formatter, created_now
 from service.schemas.sampling import SamplingRequest, Usage
-from service.schemas.text_fields import NonEmptyStr, NonNegativeInt, OnlyOne, PositiveInt
 
 TokenIds = Annotated[list[NonNegativeInt], Field(min_length=1)]
 # One prompt per request: a non-empty string or token ids, bare or as a one-element list.

@@ -11,7 +11,7 @@ from metering.ratelimit import Priority
 from metering.records import UsageCounts
 from service.errors import invalid_param
 from service.queued_request import Sampling
-from service.schemas.text_fields import (
+from service.schemas.fields import (
     AsInteger,
     Metadata,
     NonEmptyStr,

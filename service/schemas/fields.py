@@ -1,6 +1,6 @@
-# Constrained string and map types for request fields, declared in the schemas so the OpenAPI
-# document states exactly what the server accepts. Limits that OpenAI's API documents are
-# constants here; limits an operator may tune are settings, checked in service/prepare.py.
+# Constrained field types for requests (strings, maps, integers), declared in the schemas so
+# the OpenAPI document states exactly what the server accepts. Limits that OpenAI's API documents
+# are constants here; limits an operator may tune are settings, checked in service/prepare.py.
 from __future__ import annotations
 
 from typing import Annotated, Any
