@@ -30,6 +30,12 @@ class EngineConfig:
     # A request's acceptance EMA below this (scaled up with the batch, spec_policy.py) → it
     # stops drafting. None → 0.15 for n-gram lookup (free to propose), 0.35 for a draft model.
     spec_min_acceptance: float | None = None
+    # Latency-aware prefill (engine/step_cost.py): with a target, a step that carries decodes
+    # takes only as many prefill tokens as keep its predicted time under it (None: the whole
+    # max_num_batched_tokens budget may go to prefill, as without the model).
+    step_time_target_s: float | None = None
+    prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
+    ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -67,3 +73,7 @@ class EngineConfig:
             self.spec_min_acceptance = 0.35 if self.speculative_method == "draft" else 0.15
         if not 0.0 <= self.spec_min_acceptance < 1.0:
             raise ValueError("spec_min_acceptance must be in [0, 1)")
+        if self.step_time_target_s is not None and self.step_time_target_s <= 0:
+            raise ValueError("step_time_target_s must be positive")
+        if self.prefill_ttft_guard_s < 0 or self.ttft_prompt_tokens < 1:
+            raise ValueError("prefill_ttft_guard_s must be >= 0 and ttft_prompt_tokens >= 1")
