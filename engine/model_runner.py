@@ -120,7 +120,7 @@ class ModelRunner:
             vocab = self.model_config.vocab_size
             # verify() ends in the step's one D2H copy.
             accepted = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
-            result = HostCopy(ready=accepted)
+            result = HostCopy(values=accepted)
             self._record_end()
         elif sampling is not None:
             sampled = sample(logits, sampling)
@@ -128,10 +128,21 @@ class ModelRunner:
             result = HostCopy.start(sampled)  # the step's one D2H copy
         else:
             self._record_end()
-            result = HostCopy(ready=[])
+            result = HostCopy(values=[])
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return result
+
+    def will_replay(self, out: SchedulerOutput) -> bool:
+        """Whether launch(out) replays a captured graph (cheap) rather than launching the
+        forward kernel by kernel (host-bound: tens of ms for a large model)."""
+        graphs = self.graphs
+        return (
+            graphs is not None
+            and self.device.type == "cuda"
+            and 0 < len(out.requests) == out.num_decodes <= graphs.max_bs
+            and not any(r.spec_token_ids for r in out.requests)
+        )
 
     def begin_step(self) -> None:
         """Open the step's GPU interval early (the engine calls this before a draft model

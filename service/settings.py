@@ -73,10 +73,18 @@ class Settings(BaseSettings):
     speculative_method: Literal["ngram", "draft"] | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
+    # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
+    # this target (None: off, each step may fill max_num_batched_tokens with prefill).
+    step_time_target_s: float | None = None
+    prefill_ttft_guard_s: float = 0.3
+    ttft_prompt_tokens: int = 4000
     # Intra-op threads: None → 1 for a GPU worker, torch's default for a CPU worker.
     torch_threads: int | None = None
     # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
     worker_overlap_exchange: bool = True
+    # While a step runs on the GPU, read the queues again this often (0: once per step), so a
+    # request arriving during a long prefill step is admitted right after it.
+    worker_poll_s: float = 0.002
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
 
     # -- operations (docs/operations.md) ---------------------------------------------------
