@@ -20,6 +20,10 @@ class EngineConfig:
     max_preemptions: int = 8
     seed: int = 0  # dummy-weight initialisation and unseeded sampling
     use_cuda_graphs: bool = True
+    # Steps with prompt chunks up to this many tokens run as per-layer CUDA graph pieces around
+    # eager attention (piecewise_graphs.py); off until measured on the GPU.
+    use_piecewise_graphs: bool = False
+    piecewise_max_tokens: int = 2048
     # Speculative decoding (docs/speculative.md; the adaptive rule lives in spec_policy.py).
     speculative_method: str | None = None  # None (off) | "ngram" | "draft"
     num_speculative_tokens: int = 4  # k: most draft tokens proposed per request per step
@@ -48,6 +52,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be positive")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be positive")
+        if self.piecewise_max_tokens < 1:
+            raise ValueError("piecewise_max_tokens must be positive")
         if self.max_preemptions < 0:
             raise ValueError("max_preemptions must be >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:

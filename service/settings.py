@@ -73,6 +73,8 @@ class Settings(BaseSettings):
     speculative_method: Literal["ngram", "draft"] | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
+    use_piecewise_graphs: bool = False  # CUDA graph pieces for steps with prompt chunks
+    piecewise_max_tokens: int = 2048
     # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
     # this target (None: off, each step may fill max_num_batched_tokens with prefill).
     step_time_target_s: float | None = None
