@@ -408,6 +408,7 @@ class GpuWorker:
                 "text": delta.new_text,
                 "worker": self.worker_id,
                 "completion_tokens": delta.usage.completion_tokens,
+                "cached_tokens": delta.usage.cached_tokens,
             }
             key = p.output_key(delta.request_id)
             pipe.xadd(key, encode_event(event))
