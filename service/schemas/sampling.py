@@ -32,7 +32,6 @@ class StreamOptions(BaseModel):
 
 
 class SamplingRequest(NoOpFields):
-
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None

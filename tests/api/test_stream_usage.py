@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 
 import pytest
 
@@ -56,7 +57,7 @@ def test_continuous_usage_is_cumulative_and_ends_at_the_final_usage(
     seen = [_counts(c.usage) for c in content]
     assert seen[-1] == final  # the chunk with the finish_reason
     assert content[-1].choices[0].finish_reason == "length"
-    for before, after in zip(seen, seen[1:]):
+    for before, after in pairwise(seen):
         assert all(a >= b for a, b in zip(after, before)), seen
     completions = [s[2] for s in seen]
     assert completions[-3:] == [1, 4, 6]
