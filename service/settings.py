@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     # None → on for GPU workers, off on the CPU (the thread would take a core from the forward).
     worker_overlap_exchange: bool | None = None
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
+    # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
+    control_timeout_s: float = 20.0
+    profile_dir: Path | None = None  # /stop_profile's traces; None → <data_dir>/profiles
 
     # -- operations (docs/operations.md) ---------------------------------------------------
     worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)

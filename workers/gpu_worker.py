@@ -34,6 +34,7 @@ from service.events import (
 )
 from service.queued_request import QueuedRequest
 from service.settings import Settings
+from workers.control import WorkerControl
 from workers.metrics import WorkerMetrics
 from workers.step_timing import StepTiming
 from workers.usage import BusyMeter, usage_record
@@ -96,6 +97,7 @@ class GpuWorker:
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
+        self.control = WorkerControl(self.engine, settings, redis_url, self.worker_id)
         self.overlap_exchange = settings.worker_overlap_exchange
         if self.overlap_exchange is None:
             self.overlap_exchange = self.engine.device.type == "cuda"
@@ -111,6 +113,7 @@ class GpuWorker:
                     raise
         self._heartbeat()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        self.control.start(self.stopping)
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
         # The model, the engine and the tokenizer are built and stay: keep the collector from
@@ -125,6 +128,7 @@ class GpuWorker:
         try:
             while not self.stopping.is_set():
                 loop_started = time.perf_counter()
+                self.control.run_pending()  # /reset_prefix_cache, /start_profile, ...
                 if self.draining.is_set():
                     pending = self._complete(pending)
                     if self._drained():
@@ -147,6 +151,7 @@ class GpuWorker:
                     pending = self._complete(pending, row)
                 self.step_timing.end_loop(row, loop_started)
         finally:
+            self.control.close()
             self._complete(pending)
             io.shutdown(wait=True)
             self.step_timing.flush(force=True)
