@@ -10,8 +10,8 @@ import pytest
 
 from service import streams as p
 from service.control import ControlCommand, ControlReply
-from tests.workers.conftest import WORKER_ID, events, submit
 from tests.wire import queued_request
+from tests.workers.conftest import WORKER_ID, events, submit
 
 pytestmark = pytest.mark.timeout(60)
 
