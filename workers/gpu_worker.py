@@ -35,6 +35,7 @@ from service.events import (
 from service.queued_request import QueuedRequest
 from service.settings import Settings
 from workers.control import WorkerControl
+from workers.cpu_threads import apply_torch_threads
 from workers.metrics import WorkerMetrics
 from workers.step_timing import StepTiming
 from workers.usage import BusyMeter, usage_record
@@ -67,10 +68,9 @@ def new_worker_id() -> str:
 
 
 def build_engine(settings: Settings) -> LLMEngine:
-    if settings.torch_threads:
-        import torch
-
-        torch.set_num_threads(settings.torch_threads)
+    threads = apply_torch_threads(settings.device, settings.torch_threads)
+    if threads:
+        log.info("torch uses %d intra-op thread(s) (FLEETLM_TORCH_THREADS overrides)", threads)
     return LLMEngine(settings.engine_config())
 
 
