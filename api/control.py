@@ -35,9 +35,10 @@ async def broadcast(redis: Redis, command: Command, timeout_s: float) -> list[Co
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            item = await redis.blpop([reply_to], timeout=max(left, 0.01))
+            # In slices: the client's socket timeout (redis-py's default 5 s) bounds one read.
+            item = await redis.blpop([reply_to], timeout=min(max(left, 0.01), 1.0))
             if item is None:
-                break
+                continue
             reply = ControlReply.decode(item[1])
             replies[reply.worker] = reply
     finally:

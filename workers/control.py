@@ -1,7 +1,7 @@
 # A worker's side of the control commands (service/control.py). A thread of its own blocks on the
 # worker's control list and queues what arrives; the step loop runs the queued commands between
 # two steps (run_pending), because the engine is not thread-safe, and pushes each reply. The loop
-# pays one deque check per turn; an idle worker answers within its queue-read block (~0.5 s).
+# pays two attribute checks per turn; an idle worker answers within its queue-read block (~0.5 s).
 from __future__ import annotations
 
 import logging
@@ -30,8 +30,12 @@ class WorkerControl:
     ) -> None:
         self.worker_id = worker_id
         self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.engine = engine
         self.profiler = StepProfiler(
-            settings.profile_dir or settings.data_dir / "profiles", worker_id, engine.device
+            settings.profile_dir or settings.data_dir / "profiles",
+            worker_id,
+            engine.device,
+            settings.profile_max_steps,
         )
         self.handlers: dict[str, Callable[[], dict[str, Any]]] = {
             "reset_prefix_cache": lambda: {"freed_blocks": engine.reset_prefix_cache()},
@@ -59,6 +63,8 @@ class WorkerControl:
 
     def run_pending(self) -> None:
         """On the step loop's thread, between two steps."""
+        if self.profiler.recording and self.engine.has_unfinished():
+            self.profiler.step()  # a step is about to run
         while self._pending:
             command = self._pending.popleft()
             if time.time() > command.deadline:
@@ -66,6 +72,7 @@ class WorkerControl:
                 continue
             try:
                 reply = ControlReply(self.worker_id, True, self.handlers[command.command]())
+                log.info("control: %s %s", command.command, reply.result)
             except Exception as exc:  # the reply says why; the worker goes on serving
                 log.exception("control command %s failed", command.command)
                 reply = ControlReply(self.worker_id, False, error=f"{type(exc).__name__}: {exc}")
@@ -80,5 +87,5 @@ class WorkerControl:
 
     def close(self) -> None:
         """A profile still running when the worker stops is written all the same."""
-        if self.profiler.running:
+        if self.profiler.recording:
             self.profiler.stop()

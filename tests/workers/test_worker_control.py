@@ -43,7 +43,7 @@ def test_a_late_command_is_dropped_and_an_unknown_one_fails(gpu_worker, rds):
     unknown = _send(rds, "load_lora")
     failed = _reply(rds, unknown)
     assert not failed.ok and "load_lora" in failed.error
-    assert rds.llen(late) == 0 and not gpu_worker.control.profiler.running
+    assert rds.llen(late) == 0 and not gpu_worker.control.profiler.recording
     # ... and the worker still serves.
     queued = queued_request(max_tokens=2)
     submit(rds, queued)
