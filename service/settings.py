@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
     control_timeout_s: float = 20.0
     profile_dir: Path | None = None  # /stop_profile's traces; None → <data_dir>/profiles
-    profile_max_steps: int = 200  # a profile records at most this many engine steps
+    profile_max_steps: int = 100  # a profile records at most this many engine steps
 
     # -- operations (docs/operations.md) ---------------------------------------------------
     worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)
