@@ -18,7 +18,7 @@ from engine.models.config import ModelConfig
 from engine.models.loader import build_model
 from engine.models.rope import cos_sin_cache
 from engine.request import Request
-from engine.sampler import SamplingBatch, sample, to_host_list
+from engine.sampler import HostCopy, SamplingBatch, sample
 from engine.scheduler import SchedulerOutput
 from engine.spec_draft import DraftProposer
 from engine.spec_verify import verify
@@ -26,9 +26,10 @@ from engine.spec_verify import verify
 
 @dataclass(slots=True)
 class StepTiming:
-    prepare_s: float = 0.0
-    forward_s: float = 0.0
-    sample_s: float = 0.0
+    prepare_s: float = 0.0  # packing the batch, host-to-device copies
+    forward_s: float = 0.0  # launching the forward pass (graph replay or eager kernels)
+    sample_s: float = 0.0  # launching sampling and the device-to-host copy
+    wait_s: float = 0.0  # collect(): waiting for the device to finish the step
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -69,7 +70,7 @@ class ModelRunner:
             self.draft.allocate(self.num_blocks)
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
-        self.batch_builder = BatchBuilder(self.block_size, device)
+        self.batch_builder = BatchBuilder(self.block_size, device, model_config.num_kv_heads)
         self.graphs: StepGraphs | None = None  # pure-decode steps
         self.verify_graphs: StepGraphs | None = None  # decodes with drafts (speculation on)
         # Benchmarks set a list here to collect (start, end) CUDA events of every step.
@@ -78,10 +79,23 @@ class ModelRunner:
 
     # -- the step ------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list:
         """One entry per sampling request: a token id, or (when the batch verifies drafts) a
         list of accepted drafts + one target token."""
+        return self.collect(self.launch(out))
+
+    def collect(self, launched: HostCopy) -> list:
+        """Wait for a launched step's sampled ids (the step's one device-to-host copy)."""
+        t0 = time.perf_counter()
+        result = launched.wait()
+        self.timing.wait_s = time.perf_counter() - t0
+        return result
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> HostCopy:
+        """Queue the step's device work (forward, sampling, the copy of the sampled ids) and
+        return without waiting for it, so the caller can do host work meanwhile; collect()
+        brings the result. Verify steps (speculation) still finish here."""
         t0 = time.perf_counter()
         batch = self.batch_builder.prepare(out)
         sampling = self._sampling_batch(batch.sampling_requests, batch.has_drafts)
@@ -105,12 +119,16 @@ class ModelRunner:
         if batch.has_drafts:
             vocab = self.model_config.vocab_size
             # verify() ends in the step's one D2H copy.
-            result = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
+            accepted = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
+            result = HostCopy(ready=accepted)
             self._record_end()
+        elif sampling is not None:
+            sampled = sample(logits, sampling)
+            self._record_end()
+            result = HostCopy.start(sampled)  # the step's one D2H copy
         else:
-            sampled = sample(logits, sampling) if sampling is not None else None
             self._record_end()
-            result = to_host_list(sampled) if sampled is not None else []  # the one D2H copy
+            result = HostCopy(ready=[])
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return result

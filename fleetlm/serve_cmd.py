@@ -138,8 +138,8 @@ def child_env(redis_url: str, database_url: str) -> dict[str, str]:
 
 
 def cpu_torch_threads(settings: Settings, num_workers: int) -> tuple[int, str]:
-    """CPU workers' torch threads (workers/cpu_threads.py) and where the number comes from."""
-    from workers.cpu_threads import RESERVED_CORES, cpu_worker_threads, usable_cores
+    """CPU workers' torch threads (workers/torch_threads.py) and where the number comes from."""
+    from workers.torch_threads import RESERVED_CORES, cpu_worker_threads, usable_cores
 
     if settings.torch_threads:
         return settings.torch_threads, "FLEETLM_TORCH_THREADS"

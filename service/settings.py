@@ -73,10 +73,10 @@ class Settings(BaseSettings):
     speculative_method: Literal["ngram", "draft"] | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
-    torch_threads: int | None = None  # CPU workers: intra-op threads (None → torch's default)
-    # Run the step's Redis round trip on a thread while the next step runs (docs/serving.md);
-    # None → on for GPU workers, off on the CPU (the thread would take a core from the forward).
-    worker_overlap_exchange: bool | None = None
+    # Intra-op threads: None → 1 for a GPU worker, torch's default for a CPU worker.
+    torch_threads: int | None = None
+    # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
+    worker_overlap_exchange: bool = True
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
     # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
     control_timeout_s: float = 20.0

@@ -1,10 +1,14 @@
-# How many intra-op threads a CPU worker gives torch. torch's default, one per physical core,
-# assumes the cores are the worker's alone. Beside any other busy process (the API under load, a
-# benchmark client, a second worker) one of its threads shares a core, every parallel region waits
-# for that thread, and a step becomes many times slower (docs/serving.md#cpu-workers has the
-# measurements). So a CPU worker leaves one core to what runs beside it and the CPU workers of one
-# machine split the rest, at least one thread each. FLEETLM_TORCH_THREADS overrides. Torch-free:
-# `fleetlm serve` uses it to choose before it starts the workers.
+# How many intra-op threads a worker gives torch. A GPU worker's host work is one Python thread;
+# torch's intra-op pool (a thread per core) only competes with it and with the processes beside it
+# (on the H200 it made batch packing 0.4 → 1.2 ms mean and 0.6 → 5.7 ms p95 per step,
+# docs/benchmarks.md), so it gets one. A CPU worker's forward pass does use the pool, but torch's
+# default, one thread per physical core, assumes the cores are the worker's alone: beside any
+# other busy process (the API under load, a benchmark client, a second worker) one of its threads
+# shares a core, every parallel region waits for that thread, and a step becomes many times
+# slower (docs/serving.md#cpu-workers has the measurements). So a CPU worker leaves one core to
+# what runs beside it and the CPU workers of one machine split the rest, at least one thread each.
+# FLEETLM_TORCH_THREADS overrides both. Torch-free at import: `fleetlm serve` uses it to choose
+# before it starts the workers.
 from __future__ import annotations
 
 import math
@@ -55,14 +59,13 @@ def cpu_worker_threads(num_cpu_workers: int = 1, cores: int | None = None) -> in
     return max(1, (cores - RESERVED_CORES) // max(1, num_cpu_workers))
 
 
-def apply_torch_threads(device: str, torch_threads: int | None) -> int | None:
-    """In a worker, before its engine is built: FLEETLM_TORCH_THREADS when set, else the choice
-    above on a CPU worker (a standalone `fleetlm worker` counts as the machine's one CPU worker).
-    Returns the count set, None where torch keeps its default (a GPU worker)."""
+def apply_torch_threads(device: str, torch_threads: int | None) -> int:
+    """In a worker, before its engine is built: FLEETLM_TORCH_THREADS when set, else one on a
+    GPU worker and the choice above on a CPU worker (a standalone `fleetlm worker` counts as its
+    machine's one CPU worker). Returns the count set."""
     import torch
 
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    threads = torch_threads or (cpu_worker_threads() if on_cpu else None)
-    if threads:
-        torch.set_num_threads(threads)
+    on_gpu = device != "cpu" and torch.cuda.is_available()
+    threads = torch_threads or (1 if on_gpu else cpu_worker_threads())
+    torch.set_num_threads(threads)
     return threads
