@@ -73,7 +73,8 @@ class Settings(BaseSettings):
     speculative_method: Literal["ngram", "draft"] | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
-    # Intra-op threads: None → 1 for a GPU worker, torch's default for a CPU worker.
+    # Intra-op threads: None → 1 for a GPU worker; for a CPU worker the cores but one, split
+    # among the CPU workers of the machine (workers/torch_threads.py).
     torch_threads: int | None = None
     # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
     worker_overlap_exchange: bool = True

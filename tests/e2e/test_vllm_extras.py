@@ -1,6 +1,6 @@
-# vLLM's request extras on a real `fleetlm serve` (tiny preset, greedy): they reach the engine and
-# change the text as engine/sampling_params.py documents; per-chunk usage counts the tokens as the
-# engine makes them; an extra the server cannot honour is a 400, not silently dropped.
+# vLLM's request extras on a real `fleetlm serve` of the shipped chat model (greedy): they reach
+# the engine and change the text as engine/sampling_params.py documents; per-chunk usage counts
+# the tokens as the engine makes them; an extra the server cannot honour is a 400, not dropped.
 from __future__ import annotations
 
 from itertools import pairwise
@@ -8,27 +8,45 @@ from itertools import pairwise
 import openai
 import pytest
 
-from engine.tokenizer import ByteTokenizer
+from tests.e2e.conftest import ROOT, start_server
 
 pytestmark = pytest.mark.timeout(120)
 
-# The tiny preset's greedy continuation of this prompt holds special tokens (<|im_end|>, ...).
-GREEDY = {"model": "tiny", "prompt": "hi", "max_tokens": 200, "temperature": 0}
+MODEL = "fleetlm-tiny-chat"
+SPECIALS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
+# With ignore_eos the model ends its answer with <|im_end|> and goes on with the next turns.
+GREEDY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Hello!"}],
+    "max_tokens": 60,
+    "temperature": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = str(ROOT / "models" / MODEL)
+    srv = start_server(
+        tmp_path_factory.mktemp("extras") / "data", workers=None, env={"FLEETLM_MODEL": model}
+    )
+    yield srv
+    assert srv.stop() == 0, srv.log()
 
 
 def _text(server, **extra) -> tuple[str, int]:
-    out = server.openai().completions.create(**GREEDY, extra_body={"ignore_eos": True, **extra})
-    return out.choices[0].text, out.usage.completion_tokens
+    out = server.openai().chat.completions.create(
+        **GREEDY, extra_body={"ignore_eos": True, **extra}
+    )
+    return out.choices[0].message.content, out.usage.completion_tokens
 
 
 def test_skip_special_tokens_false_keeps_the_specials_in_the_text(server):
     skipped, n = _text(server)
     kept, n_kept = _text(server, skip_special_tokens=False)
-    assert n == n_kept == 200  # the same tokens either way
-    specials = [s for s in ByteTokenizer.SPECIALS if s in kept]
-    assert specials, "precondition: the greedy text holds a special token"
-    assert not any(s in skipped for s in specials)
-    for s in specials:
+    assert n == n_kept == 60  # the same tokens either way
+    assert "<|im_end|>" in kept
+    assert not any(s in skipped for s in SPECIALS)
+    for s in SPECIALS:
         kept = kept.replace(s, "")
     assert kept == skipped
 
@@ -51,7 +69,7 @@ def test_include_stop_str_in_output_ends_the_text_with_the_stop_string(server):
 def test_per_chunk_usage_counts_up_to_the_final_usage(server):
     chunks = list(
         server.openai().chat.completions.create(
-            model="tiny",
+            model=MODEL,
             messages=[{"role": "user", "content": "count with me"}],
             max_tokens=24,
             stream=True,
@@ -72,7 +90,7 @@ def test_per_chunk_usage_counts_up_to_the_final_usage(server):
 def test_an_extra_the_server_cannot_honour_is_a_400(server):
     with pytest.raises(openai.BadRequestError) as exc:
         server.openai().chat.completions.create(
-            model="tiny",
+            model=MODEL,
             messages=[{"role": "user", "content": "hi"}],
             extra_body={"guided_choice": ["yes", "no"]},
         )
