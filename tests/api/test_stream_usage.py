@@ -64,17 +64,14 @@ def test_continuous_usage_is_cumulative_and_ends_at_the_final_usage(
     assert all(s[0] == num_prompt and s[3] == s[0] + s[2] for s in seen)
 
 
-def test_without_continuous_usage_content_chunks_carry_null_usage(app_client, tenant, worker):
+def _two_token_stream(app_client, tenant, worker, options: dict) -> list:
+    """A streamed completion the played worker answers with one delta, then the end."""
     client = sdk(app_client, tenant.key)
     with ThreadPoolExecutor(1) as pool:
         reply = pool.submit(
             lambda: list(
                 client.completions.create(
-                    model="tiny",
-                    prompt="hi",
-                    max_tokens=2,
-                    stream=True,
-                    stream_options={"include_usage": True},
+                    model="tiny", prompt="hi", max_tokens=2, stream=True, stream_options=options
                 )
             )
         )
@@ -84,31 +81,16 @@ def test_without_continuous_usage_content_chunks_carry_null_usage(app_client, te
             worker.delta("a", 1),
             worker.done("b", len(queued.prompt_token_ids), 2),
         )
-        *content, trailer = reply.result(timeout=30)
+        return reply.result(timeout=30)
+
+
+def test_without_continuous_usage_content_chunks_carry_null_usage(app_client, tenant, worker):
+    *content, trailer = _two_token_stream(app_client, tenant, worker, {"include_usage": True})
     assert [c.usage for c in content] == [None, None]
     assert trailer.usage.completion_tokens == 2
 
 
 def test_continuous_usage_alone_needs_no_trailing_chunk(app_client, tenant, worker):
-    client = sdk(app_client, tenant.key)
-    with ThreadPoolExecutor(1) as pool:
-        reply = pool.submit(
-            lambda: list(
-                client.completions.create(
-                    model="tiny",
-                    prompt="hi",
-                    max_tokens=2,
-                    stream=True,
-                    stream_options={"continuous_usage_stats": True},
-                )
-            )
-        )
-        queued = worker.take(tenant)
-        worker.publish(
-            queued.request_id,
-            worker.delta("a", 1),
-            worker.done("b", len(queued.prompt_token_ids), 2),
-        )
-        chunks = reply.result(timeout=30)
+    chunks = _two_token_stream(app_client, tenant, worker, {"continuous_usage_stats": True})
     assert [c.usage.completion_tokens for c in chunks] == [1, 2]
     assert all(c.choices for c in chunks)
