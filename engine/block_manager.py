@@ -91,8 +91,8 @@ class BlockManager:
                 break
             hits.append(block_id)
             parent = request.block_hashes[i]
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += len(hits) * bs
+        # The hit counters are the scheduler's to move, once per admission: a request whose
+        # admission waits for memory looks its prefix up again every step.
         return hits
 
     # -- allocation ----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.spec_ngram import NgramProposer
 from engine.spec_policy import Speculator
+from engine.step_cost import PrefillPolicy
 from engine.step_trace import StepTrace
 from engine.tokenizer import Tokenizer
 
@@ -56,7 +57,9 @@ class StepInFlight:
     out: SchedulerOutput | None = None
     num_before: dict[str, int] = field(default_factory=dict)
     launched: HostCopy | None = None
-    launch_s: float = 0.0
+    graphed: bool = False  # launching it replays a CUDA graph
+    host_s: float = 0.0  # the engine's own time in schedule_step + launch_step
+    finish_s: float = 0.0  # in finish_step
 
 
 class LLMEngine:
@@ -94,12 +97,20 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
+        self.prefill_policy: PrefillPolicy | None = None
+        if config.step_time_target_s is not None:
+            self.prefill_policy = PrefillPolicy(
+                config.step_time_target_s,
+                ttft_guard_s=config.prefill_ttft_guard_s,
+                ttft_prompt_tokens=config.ttft_prompt_tokens,
+            )
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
             max_preemptions=config.max_preemptions,
             eos_token_ids=eos,
+            prefill_policy=self.prefill_policy,
         )
         self.speculator: Speculator | None = None
         if config.speculative_method == "ngram":
@@ -200,6 +211,11 @@ class LLMEngine:
         """Schedule the next step and launch its device work without waiting for it. Until
         finish_step(), the engine must not be changed (no add_request or abort): the caller
         may only do unrelated host work, which then overlaps the GPU's."""
+        return self.launch_step(self.schedule_step())
+
+    def schedule_step(self) -> StepInFlight:
+        """The first half of begin_step: decide the step (and draft, when speculating). Its
+        `graphed` says whether launching it will be cheap (a graph replay)."""
         self._check_no_step_in_flight()
         deltas, self._pending = self._pending, []
         step = StepInFlight(deltas=deltas, started_at=time.time(), t0=time.perf_counter())
@@ -213,10 +229,26 @@ class LLMEngine:
         self.last_schedule_s = time.perf_counter() - step.t0  # includes drafting, when on
         step.out = out
         step.num_before = {r.request_id: r.num_tokens for r in out.requests}
-        step.launched = self.runner.launch(out) if not out.is_empty else None
-        step.launch_s = time.perf_counter() - step.t0
+        step.graphed = self.runner.will_replay(out)
+        step.host_s = self.last_schedule_s
         self._in_flight = True
         return step
+
+    def launch_step(self, step: StepInFlight) -> StepInFlight:
+        """The second half of begin_step: queue the step's device work."""
+        t0 = time.perf_counter()
+        step.launched = self.runner.launch(step.out) if not step.out.is_empty else None
+        step.host_s += time.perf_counter() - t0
+        return step
+
+    @staticmethod
+    def step_time(step: StepInFlight) -> float:
+        """The engine's own time in a finished step (what the trace records as wall_s)."""
+        return step.host_s + step.finish_s
+
+    def step_done(self, step: StepInFlight) -> bool:
+        """True once finish_step(step) would not wait for the device."""
+        return step.launched is None or step.launched.done()
 
     def finish_step(self, step: StepInFlight) -> list[RequestDelta]:
         """Wait for the step begin_step() launched; returns its deltas."""
@@ -249,6 +281,9 @@ class LLMEngine:
             deltas.append(self._delta(request, new_ids, text))
         for request in out.failed:
             deltas.append(self._delta(request, [], self._flush(request)))
+        step.finish_s = time.perf_counter() - t_wait
+        if self.prefill_policy is not None and not out.is_empty:
+            self.prefill_policy.observe(out.features, step.host_s + step.finish_s)
         if self.step_trace is not None and not out.is_empty:
             self._trace_step(step, t_wait, t_post)
         return deltas
@@ -261,7 +296,7 @@ class LLMEngine:
         # wall_s counts the engine's own time: launch + wait + post, not what the caller did
         # between begin_step and finish_step.
         row = self.step_trace.record(
-            start=step.started_at, wall_s=step.launch_s + (now - t_wait),
+            start=step.started_at, wall_s=step.host_s + (now - t_wait),
             schedule_s=self.last_schedule_s, prepare_s=timing.prepare_s,
             forward_s=timing.forward_s, sample_s=timing.sample_s, wait_s=timing.wait_s,
             post_s=now - t_post, num_tokens=sum(out.num_new_tokens),

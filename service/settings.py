@@ -73,11 +73,21 @@ class Settings(BaseSettings):
     speculative_method: Literal["ngram", "draft"] | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
+    use_piecewise_graphs: bool = False  # CUDA graph pieces for steps with prompt chunks
+    piecewise_max_tokens: int = 2048
+    # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
+    # this target (None: off, each step may fill max_num_batched_tokens with prefill).
+    step_time_target_s: float | None = None
+    prefill_ttft_guard_s: float = 0.3
+    ttft_prompt_tokens: int = 4000
     # Intra-op threads: None → 1 for a GPU worker; for a CPU worker the cores but one, split
     # among the CPU workers of the machine (workers/torch_threads.py).
     torch_threads: int | None = None
     # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
     worker_overlap_exchange: bool = True
+    # While a step runs on the GPU, read the queues again this often (0: once per step), so a
+    # request arriving during a long prefill step is admitted right after it.
+    worker_poll_s: float = 0.002
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
     # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
     control_timeout_s: float = 20.0

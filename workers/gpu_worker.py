@@ -69,6 +69,8 @@ class Exchange:
     at_read: int = -1  # the XREADGROUP's reply, or -1 when nothing was read
     build_s: float = 0.0
     io_s: float = 0.0
+    read_streams: list[str] = field(default_factory=list)  # the queues work may be read from
+    room: int = 0  # how many new requests the engine may take this turn
 
 
 def new_worker_id() -> str:
@@ -109,21 +111,25 @@ class GpuWorker:
     # -- lifecycle -----------------------------------------------------------------------
 
     def run(self) -> None:
+        # The model, the engine and the tokenizer are built and stay: keep the collector from
+        # re-scanning them in every full collection on the step path.
+        gc.collect()
+        gc.freeze()
         for priority in p.PRIORITIES:
             try:
                 self.redis.xgroup_create(p.queue_key(priority), p.GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+        # Stats before the first heartbeat: a worker seen alive always has them.
+        stats_key = p.stats_key(self.worker_id)
+        self.redis.hset(stats_key, mapping=self._stats_mapping(self.engine.stats()))
+        self.redis.expire(stats_key, 60)
         self._heartbeat()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         self.control.start(self.stopping)
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
-        # The model, the engine and the tokenizer are built and stay: keep the collector from
-        # re-scanning them in every full collection on the step path.
-        gc.collect()
-        gc.freeze()
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
         self._unpublished: list = []  # the last step's deltas, for the next round trip
         try:
@@ -140,29 +146,69 @@ class GpuWorker:
 
     def _turn(self) -> None:
         """One loop turn: launch a step, do the Redis round trip for the previous one while
-        the GPU works, finish the step, then apply what the round trip read."""
+        the GPU works (reading new work again every worker_poll_s until the step is done),
+        finish the step, then apply what was read."""
         loop_started = time.perf_counter()
-        overlap = self.settings.worker_overlap_exchange
-        step = self.engine.begin_step() if self.engine.has_unfinished() else None
-        launched = time.perf_counter()
-        if overlap or step is None:
-            exchange, results = self._exchange(self._unpublished, busy=step is not None)
-            self._unpublished = []
+        step = self.engine.schedule_step() if self.engine.has_unfinished() else None
+        if not self.settings.worker_overlap_exchange:
+            deltas = self.engine.finish_step(self.engine.launch_step(step)) if step else []
+            row = self._account(step, deltas)
+            exchange, results = self._exchange(deltas, busy=False)
+            self._apply(exchange, results, row)
+            self.step_timing.end_loop(row, loop_started)
+            return
+        # A graph replay launches in well under a millisecond, so its round trip follows the
+        # launch; a step launched kernel by kernel (prefill chunks) keeps the host busy for
+        # tens of milliseconds, so the previous step's tokens go out before it.
+        if step is not None and step.graphed:
+            self.engine.launch_step(step)
+        exchange, results = self._exchange(self._unpublished, busy=step is not None)
+        self._unpublished = []
+        polled: list = []
         row = -1
         if step is not None:
-            finishing = time.perf_counter()
-            deltas = self.engine.finish_step(step)
-            elapsed = (launched - loop_started) + (time.perf_counter() - finishing)
-            row = self.engine.last_step_row
-            self.busy.add(elapsed)
-            self.num_steps += 1
-            self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
-            if overlap:
-                self._unpublished = deltas
-            else:
-                exchange, results = self._exchange(deltas, busy=False)
-        self._apply(exchange, results, row)
+            if not step.graphed:
+                self.engine.launch_step(step)
+            polled = self._poll_while_running(step, exchange, results)
+            self._unpublished = self.engine.finish_step(step)
+            row = self._account(step, self._unpublished)
+        self._apply(exchange, results, row, polled)
         self.step_timing.end_loop(row, loop_started)
+
+    def _account(self, step, deltas: list) -> int:
+        """Busy time and metrics of a finished step; returns its trace row (-1: no step)."""
+        if step is None:
+            return -1
+        elapsed = self.engine.step_time(step)
+        self.busy.add(elapsed)
+        self.num_steps += 1
+        self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
+        return self.engine.last_step_row
+
+    def _poll_while_running(self, step, exchange: Exchange, results: list) -> list:
+        """New queue entries read while the step is still on the GPU, every worker_poll_s:
+        a request that arrives during a long step is admitted right after it, not a step
+        later. Returns [(queue, entry_id, fields)] for _apply."""
+        interval = self.settings.worker_poll_s
+        room = exchange.room - sum(
+            len(entries) for _, entries in (results[exchange.at_read] or [])
+        ) if exchange.at_read >= 0 else 0  # fmt: skip
+        entries: list = []
+        if interval <= 0 or room <= 0:
+            return entries
+        next_poll = time.perf_counter() + interval
+        streams = dict.fromkeys(exchange.read_streams, ">")
+        while room > 0 and not self.engine.step_done(step):
+            if time.perf_counter() < next_poll:
+                time.sleep(0.0002)
+                continue
+            for queue, got in (
+                self.redis.xreadgroup(p.GROUP, self.worker_id, streams, count=room) or []
+            ):
+                entries.extend((queue, entry_id, fields) for entry_id, fields in got)
+                room -= len(got)
+            next_poll = time.perf_counter() + interval
+        return entries
 
     def _heartbeat(self) -> None:
         with self._lock:
@@ -309,6 +355,8 @@ class GpuWorker:
             at_cancels=at_cancels,
             at_reclaim=at_reclaim,
             at_read=at_read if room > 0 else -1,
+            read_streams=streams,
+            room=max(room, 0),
         )
         t1 = time.perf_counter()
         results = pipe.execute()
@@ -317,8 +365,8 @@ class GpuWorker:
             time.sleep(0.01)
         return exchange, results
 
-    def _apply(self, exchange: Exchange, results: list, row: int) -> None:
-        """What a round trip read: cancels first, then new requests."""
+    def _apply(self, exchange: Exchange, results: list, row: int, polled: list = ()) -> None:
+        """What a round trip (and the polls after it) read: cancels first, then new requests."""
         t0 = time.perf_counter()
         if exchange.ids:
             for request_id, flag in zip(exchange.ids, results[exchange.at_cancels]):
@@ -334,6 +382,8 @@ class GpuWorker:
             for queue, entries in results[exchange.at_read] or []:
                 for entry_id, fields in entries:
                     self._admit(queue, entry_id, fields)
+        for queue, entry_id, fields in polled:
+            self._admit(queue, entry_id, fields)
         self.step_timing.add(
             row, exchange_build_s=exchange.build_s, exchange_io_s=exchange.io_s,
             apply_s=time.perf_counter() - t0,
