@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Command = Literal["reset_prefix_cache", "start_profile", "stop_profile"]
-COMMANDS: tuple[Command, ...] = ("reset_prefix_cache", "start_profile", "stop_profile")
 
 
 @dataclass(slots=True)
