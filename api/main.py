@@ -11,7 +11,18 @@ from api import errors
 from api import metrics as metrics_routes
 from api.auth import KeyVerifier
 from api.drain import Drain
-from api.routes import admin, batches, chat, completions, files, health, internal, models, usage
+from api.routes import (
+    admin,
+    batches,
+    chat,
+    completions,
+    engine_control,
+    files,
+    health,
+    internal,
+    models,
+    usage,
+)
 from api.state import AppState
 from engine.tokenizer import Tokenizer
 from metering.db import make_engine, make_sessionmaker
@@ -52,7 +63,7 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
     app.state.drain = Drain(settings.drain_delay_s, settings.drain_timeout_s)
     errors.install(app)
     app.include_router(metrics_routes.router)
-    for module in (chat, completions, models, usage, admin, health, internal):
+    for module in (chat, completions, models, usage, admin, health, internal, engine_control):
         app.include_router(module.router)
     for module in (files, batches):
         app.include_router(module.router)

@@ -337,6 +337,10 @@ class LLMEngine:
             finish_time=request.finish_time,
         )
 
+    def reset_prefix_cache(self) -> int:
+        """Forgets every cached prefix block that no request holds; returns how many."""
+        return self.block_manager.reset_prefix_cache()
+
     def stats(self) -> EngineStats:
         bm = self.block_manager
         return EngineStats(

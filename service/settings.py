@@ -80,7 +80,8 @@ class Settings(BaseSettings):
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3
     ttft_prompt_tokens: int = 4000
-    # Intra-op threads: None → 1 for a GPU worker, torch's default for a CPU worker.
+    # Intra-op threads: None → 1 for a GPU worker; for a CPU worker the cores but one, split
+    # among the CPU workers of the machine (workers/torch_threads.py).
     torch_threads: int | None = None
     # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
     worker_overlap_exchange: bool = True
@@ -88,6 +89,10 @@ class Settings(BaseSettings):
     # request arriving during a long prefill step is admitted right after it.
     worker_poll_s: float = 0.002
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
+    # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
+    control_timeout_s: float = 20.0
+    profile_dir: Path | None = None  # /stop_profile's traces; None → <data_dir>/profiles
+    profile_max_steps: int = 100  # a profile records at most this many engine steps
 
     # -- operations (docs/operations.md) ---------------------------------------------------
     worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)

@@ -35,8 +35,10 @@ from service.events import (
 )
 from service.queued_request import QueuedRequest
 from service.settings import Settings
+from workers.control import WorkerControl
 from workers.metrics import WorkerMetrics
 from workers.step_timing import StepTiming
+from workers.torch_threads import apply_torch_threads
 from workers.usage import BusyMeter, usage_record
 
 log = logging.getLogger("fleetlm.worker")
@@ -76,16 +78,8 @@ def new_worker_id() -> str:
 
 
 def build_engine(settings: Settings) -> LLMEngine:
-    import torch
-
-    threads = settings.torch_threads
-    if threads is None and settings.device != "cpu" and torch.cuda.is_available():
-        # A GPU worker's host work is one Python thread; torch's intra-op pool (a thread per
-        # core) only competes with it and with the processes beside it. On the H200 it made
-        # batch packing 0.4 → 1.2 ms mean and 0.6 → 5.7 ms p95 per step (docs/benchmarks.md).
-        threads = 1
-    if threads:
-        torch.set_num_threads(threads)
+    threads = apply_torch_threads(settings.device, settings.torch_threads)
+    log.info("torch uses %d intra-op thread(s) (FLEETLM_TORCH_THREADS overrides)", threads)
     return LLMEngine(settings.engine_config())
 
 
@@ -112,6 +106,7 @@ class GpuWorker:
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
+        self.control = WorkerControl(self.engine, settings, redis_url, self.worker_id)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -132,16 +127,19 @@ class GpuWorker:
         self.redis.expire(stats_key, 60)
         self._heartbeat()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        self.control.start(self.stopping)
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
         self._unpublished: list = []  # the last step's deltas, for the next round trip
         try:
             while not self.stopping.is_set():
+                self.control.run_pending()  # /reset_prefix_cache, /start_profile, ...
                 if self.draining.is_set() and self._drained():
                     break
                 self._turn()
         finally:
+            self.control.close()
             self.step_timing.flush(force=True)
             self.step_timing.close()
             self._shutdown(self._unpublished)
@@ -467,6 +465,7 @@ class GpuWorker:
                 "text": delta.new_text,
                 "worker": self.worker_id,
                 "completion_tokens": delta.usage.completion_tokens,
+                "cached_tokens": delta.usage.cached_tokens,
             }
             key = p.output_key(delta.request_id)
             pipe.xadd(key, encode_event(event))

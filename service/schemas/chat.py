@@ -6,6 +6,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.schemas.formatter import Formatter, created_now
+from service.schemas.noop_fields import ChatNoOpFields
 from service.schemas.sampling import SamplingRequest, Usage
 
 
@@ -17,7 +18,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, ChatNoOpFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
