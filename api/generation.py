@@ -23,6 +23,7 @@ from service.events import FINAL_EVENTS
 from service.limits import release, reserve
 from service.logging_setup import request_id_var
 from service.queued_request import QueuedRequest
+from service.schemas.chunk_usage import ChunkUsage
 from service.schemas.formatter import Formatter
 from service.schemas.sampling import Usage
 
@@ -43,6 +44,7 @@ async def generate(
     stream: bool,
     include_usage: bool,
     principal: Principal,
+    continuous_usage: bool = False,
 ) -> Response:
     request_id_var.set(queued.request_id)
     drain = request.app.state.drain
@@ -71,7 +73,8 @@ async def generate(
     )
     headers["x-request-id"] = queued.request_id
     if stream:
-        body = _stream(state, queued.request_id, fmt, include_usage, drain)
+        usage = ChunkUsage(include_usage, continuous_usage, len(queued.prompt_token_ids))
+        body = _stream(state, queued.request_id, fmt, usage, drain)
         headers["cache-control"] = "no-cache"
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
     drain.opened()
@@ -82,19 +85,20 @@ async def generate(
 
 
 async def _stream(
-    state: AppState, request_id: str, fmt: Formatter, include_usage: bool, drain: Drain
+    state: AppState, request_id: str, fmt: Formatter, usage: ChunkUsage, drain: Drain
 ) -> AsyncIterator[str]:
     ended = False  # reached an end the worker knows about: nothing to cancel
     # Counted from the first chunk: a body never iterated must not hold a drain open.
     drain.opened()
     try:
         if fmt.first_chunk is not None:
-            yield sse(fmt.first_chunk | ({"usage": None} if include_usage else {}))
+            yield sse(fmt.first_chunk | usage.field())
         async for event in relay_events(state.redis, state.settings, request_id):
             text = event.get("text", "")
+            usage.update(event)
             if event["type"] == "delta":
                 if text:
-                    yield sse(fmt.chunk(text, None) | ({"usage": None} if include_usage else {}))
+                    yield sse(fmt.chunk(text, None) | usage.field())
                 continue
             if event["type"] == "error":
                 ended = event.get("code") != "no_workers"  # still queued: cancel it below
@@ -105,9 +109,9 @@ async def _stream(
             ended = True
             # finish_reason rides on the last content chunk
             last = fmt.chunk(text, event["finish_reason"])
-            yield sse(last | ({"usage": None} if include_usage else {}))
-            if include_usage:
-                yield sse(fmt.usage_chunk(Usage.from_counts(event["usage"])))
+            yield sse(last | usage.field())
+            if usage.include_usage:
+                yield sse(fmt.usage_chunk(usage.final()))
         yield sse("[DONE]")
     finally:
         drain.closed()

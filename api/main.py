@@ -11,7 +11,18 @@ from api import body_limits, errors, openapi
 from api import metrics as metrics_routes
 from api.auth import KeyVerifier
 from api.drain import Drain
-from api.routes import admin, batches, chat, completions, files, health, internal, models, usage
+from api.routes import (
+    admin,
+    batches,
+    chat,
+    completions,
+    engine_control,
+    files,
+    health,
+    internal,
+    models,
+    usage,
+)
 from api.state import AppState
 from engine.tokenizer import Tokenizer
 from metering.db import make_engine, make_sessionmaker
@@ -59,7 +70,7 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
     body_limits.install(app, settings)
     app.add_middleware(metrics_routes.MetricsListenerGuard, settings=settings)
     app.include_router(metrics_routes.router)
-    for module in (chat, completions, models, usage, admin, health, internal):
+    for module in (chat, completions, models, usage, admin, health, internal, engine_control):
         app.include_router(module.router)
     for module in (files, batches):
         app.include_router(module.router)

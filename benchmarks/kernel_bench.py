@@ -288,6 +288,64 @@ class Bench:
 
             self.run_case(case, body)
 
+    # -- decode split counts with a straggler ---------------------------------------------------
+    def bench_decode_splits(self) -> None:
+        """One long row among short ones: every row is cut into the same number of splits, so
+        the long row's ranges set the step unless the count is high enough (the choice of
+        balanced_num_splits, marked `balanced`, against fixed counts)."""
+        if self.smoke:
+            H, Hkv, D, bs, batch, short, long = 4, 2, 64, 16, 6, 40, 300
+        else:
+            H, Hkv, D, bs, batch, short, long = 32, 8, 128, 16, 96, 2400, 30000
+        print(f"-- decode splits: B={batch}, rows of {short} keys with and without one of {long}")
+        scale = D**-0.5
+        elt = torch.empty((), dtype=self.dtype).element_size()
+        for lens, label in (([short] * batch, "even"), ([short] * (batch - 1) + [long], "long")):
+            nb = [triton_cdiv(n, bs) for n in lens]
+            num_blocks = sum(nb)
+            k_cache = self.randn(num_blocks, bs, Hkv, D)
+            v_cache = self.randn(num_blocks, bs, Hkv, D)
+            table = torch.zeros(batch, max(nb), dtype=torch.int32, device=self.device)
+            perm = torch.randperm(num_blocks, device=self.device, generator=self.gen)
+            used = 0
+            for i, n in enumerate(nb):
+                table[i, :n] = perm[used : used + n].to(torch.int32)
+                used += n
+            seq_lens = torch.tensor(lens, dtype=torch.int32, device=self.device)
+            balanced = self.dec.balanced_num_splits(lens, Hkv, self.dec.num_sms(self.device))
+            for splits in sorted({1, 2, 4, 8, 16, 32, balanced}):
+                case = Case(
+                    "paged_decode_attention",
+                    {"shape": f"B={batch} {label}", "splits": splits,
+                     "balanced": splits == balanced, "H": H, "Hkv": Hkv, "D": D, "bs": bs,
+                     "show": ["shape", "splits", "balanced"], "dtype": str(self.dtype)},
+                )  # fmt: skip
+
+                def body(
+                    case: Case, splits=splits, lens=lens, kv=(k_cache, v_cache, table, seq_lens)
+                ) -> None:
+                    k_cache, v_cache, table, seq_lens = kv
+                    q = self.randn(batch, H, D)
+                    out = torch.empty_like(q)
+
+                    def run() -> None:
+                        self.dec.paged_decode_attention(
+                            q, k_cache, v_cache, table, seq_lens, scale,
+                            max_seq_len=max(lens), num_splits=splits, out=out,
+                        )  # fmt: skip
+
+                    run()
+                    rows = min(batch, 4)
+                    ref = self.dec.paged_decode_attention_ref(
+                        q[-rows:], k_cache, v_cache, table[-rows:], seq_lens[-rows:], scale
+                    )
+                    case.check = rel_error(out[-rows:], ref, self.dtype)
+                    case.work = sum(lens) * 2 * Hkv * D * elt
+                    case.peak = self.copy_gbps
+                    case.triton_ms = self.time_ms(run)
+
+                self.run_case(case, body)
+
     # -- paged prefill attention --------------------------------------------------------------
     def bench_prefill(self) -> None:
         import torch.nn.functional as F
@@ -486,6 +544,7 @@ class Bench:
         self.print_header()
         sections = {
             "decode": self.bench_decode,
+            "decode_splits": self.bench_decode_splits,
             "prefill": self.bench_prefill,
             "elementwise": self.bench_elementwise,
         }
@@ -522,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (runs on CPU too)")
     parser.add_argument(
-        "--only", default="", help="comma list of sections: decode,prefill,elementwise"
+        "--only",
+        default="",
+        help="comma list of sections: decode,decode_splits,prefill,elementwise",
     )
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)

@@ -3,7 +3,7 @@
 # device in two copies; the tensors handed out are views into those copies.
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,12 +21,14 @@ class PreparedBatch:
     logits_indices: torch.Tensor  # [num_sampling_rows] int64: hidden rows that sample
     sampling_requests: list[Request]  # 1 + len(spec_token_ids) rows each, in row order
     has_drafts: bool = False
+    seq_lens_host: list[int] = field(default_factory=list)  # meta.seq_lens, on the host
 
 
 class BatchBuilder:
-    def __init__(self, block_size: int, device: torch.device) -> None:
+    def __init__(self, block_size: int, device: torch.device, num_kv_heads: int = 1) -> None:
         self.block_size = block_size
         self.device = device
+        self.num_kv_heads = num_kv_heads
 
     def prepare(self, out: SchedulerOutput) -> PreparedBatch:
         bs = self.block_size
@@ -93,6 +95,7 @@ class BatchBuilder:
             max_seq_len=max(seq_lens),
             prefill_query_start_loc=i32[2 * s + 1 : 2 * s + 1 + len(prefill_qsl)],
             max_decode_seq_len=max(seq_lens[:nd], default=0),
+            decode_num_splits=self._decode_splits(seq_lens[:nd]),
         )
         return PreparedBatch(
             input_ids=i64[:t],
@@ -101,7 +104,18 @@ class BatchBuilder:
             logits_indices=i64[3 * t :],
             sampling_requests=sampling,
             has_drafts=len(logits_indices) > len(sampling),
+            seq_lens_host=seq_lens,
         )
+
+    def _decode_splits(self, decode_lens: list[int]) -> int | None:
+        """Eager steps' decode split count, balanced for rows of mixed lengths (the kernel's
+        own choice sees only the longest row). The CPU path does not split."""
+        if self.device.type != "cuda" or not decode_lens:
+            return None
+        from kernels._launch import num_sms
+        from kernels.paged_decode_attention import balanced_num_splits
+
+        return balanced_num_splits(decode_lens, self.num_kv_heads, num_sms(self.device))
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)

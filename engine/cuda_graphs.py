@@ -66,7 +66,7 @@ class StepGraphs:
         block_size: int,
         query_len: int = 1,
     ):
-        from kernels.paged_decode_attention import choose_num_splits
+        from kernels.paged_decode_attention import split_ladder
 
         self.forward = forward
         self.compute_logits = compute_logits
@@ -88,19 +88,22 @@ class StepGraphs:
         else:
             self.query_start_loc = torch.zeros(self.max_bs + 1, dtype=torch.int32, device=d)
         self.logits = torch.zeros(num_tokens, vocab_size, dtype=torch.float32, device=d)
-        # Split count is part of the captured grid; splits divide each row's own context, so
-        # one count serves every context length (empty splits exit at once).
-        self.num_splits = {
-            bs: choose_num_splits(bs, num_kv_heads, min(self.max_seq_len, 8192))
+        # The decode split count is part of the captured grid. Splits divide each row's own
+        # context, so one count serves every length; a few counts per batch size are captured
+        # so that a step with one very long row can cut it finer (balanced_num_splits).
+        self.num_kv_heads = num_kv_heads
+        self.split_counts = {
+            bs: split_ladder(bs, num_kv_heads, min(self.max_seq_len, 8192)) if query_len == 1
+            else [0]  # verify steps run the extend kernel: no decode splits
             for bs in self.sizes
-        }
+        }  # fmt: skip
         # Token capacities per sequence: [1] for decode, mean query lengths for verify.
         self.mean_lens = (
             [1] if query_len == 1 else sorted({min(2, query_len), min(3, query_len), query_len})
         )
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
 
-    def _meta(self, bs: int, mean_len: int) -> AttentionMetadata:
+    def _meta(self, bs: int, mean_len: int, splits: int) -> AttentionMetadata:
         if self.query_len == 1:
             return AttentionMetadata(
                 slot_mapping=self.slot_mapping[:bs],
@@ -112,7 +115,7 @@ class StepGraphs:
                 max_seq_len=self.max_seq_len,
                 prefill_query_start_loc=None,
                 max_decode_seq_len=self.max_seq_len,
-                decode_num_splits=self.num_splits[bs],
+                decode_num_splits=splits,
             )
         qsl = self.query_start_loc[: bs + 1]
         return AttentionMetadata(
@@ -126,9 +129,10 @@ class StepGraphs:
             prefill_query_start_loc=qsl,
         )
 
-    def _run(self, bs: int, mean_len: int) -> None:
+    def _run(self, bs: int, mean_len: int, splits: int) -> None:
         t = bs * mean_len
-        hidden = self.forward(self.input_ids[:t], self.positions[:t], self._meta(bs, mean_len))
+        meta = self._meta(bs, mean_len, splits)
+        hidden = self.forward(self.input_ids[:t], self.positions[:t], meta)
         self.logits[:t] = self.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -139,9 +143,10 @@ class StepGraphs:
         # Largest first, so smaller graphs reuse the big one's memory.
         for bs in reversed(self.sizes):
             for mean_len in reversed(self.mean_lens):
-                self.graphs[bs, mean_len], pool = capture_graph(
-                    lambda bs=bs, m=mean_len: self._run(bs, m), self.device, pool
-                )
+                for splits in reversed(self.split_counts[bs]):
+                    self.graphs[bs, mean_len, splits], pool = capture_graph(
+                        lambda bs=bs, m=mean_len, s=splits: self._run(bs, m, s), self.device, pool
+                    )
         torch.cuda.synchronize(self.device)
         return pool
 
@@ -168,6 +173,13 @@ class StepGraphs:
         t = batch.input_ids.shape[0]
         bs = self.padded_size(n)
         mean_len = next(m for m in self.mean_lens if t <= bs * m)
+        splits = self.split_counts[bs][0]
+        if self.query_len == 1:
+            from kernels.paged_decode_attention import balanced_num_splits
+
+            splits = balanced_num_splits(
+                batch.seq_lens_host, self.num_kv_heads, candidates=self.split_counts[bs]
+            )
         width = meta.block_tables.shape[1]
         self.input_ids[:t].copy_(batch.input_ids)
         self.positions[:t].copy_(batch.positions)
@@ -184,7 +196,8 @@ class StepGraphs:
             self.query_start_loc[: n + 1].copy_(meta.query_start_loc)
             self.query_start_loc[n + 1 : bs + 1].fill_(t)
         if self.device.type == "cuda":
-            self.graphs[bs, mean_len].replay()
+            self.graphs[bs, mean_len, splits].replay()
         else:  # the same static-buffer path, run eagerly (tests the layout on the CPU)
-            self._run(bs, mean_len)
+            self._run(bs, mean_len, splits)
+        self.last_key = (bs, mean_len, splits)
         return self.logits[:t]

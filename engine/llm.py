@@ -54,6 +54,10 @@ class LLM:
                         pending.discard(delta.request_id)
         return [outputs[i] for i in order]
 
+    def reset_prefix_cache(self) -> int:
+        """Forgets the cached prefixes (as vLLM's LLM.reset_prefix_cache); returns the blocks."""
+        return self.engine.reset_prefix_cache()
+
     def stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None
     ) -> Iterator[RequestDelta]:

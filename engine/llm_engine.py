@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -15,10 +16,12 @@ from engine.model_runner import ModelRunner
 from engine.models.config import PRESETS, resolve_model_config
 from engine.outputs import EngineStats, RequestDelta, RequestUsage
 from engine.request import Priority, Request
+from engine.sampler import HostCopy
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.spec_ngram import NgramProposer
 from engine.spec_policy import Speculator
+from engine.step_cost import PrefillPolicy
 from engine.step_trace import StepTrace
 from engine.tokenizer import Tokenizer
 
@@ -42,6 +45,21 @@ def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> tor
     if device.type == "cpu":
         return torch.float32  # bf16 matmuls on the CPU are slow and not what tests compare
     return _DTYPES.get(checkpoint_dtype, torch.bfloat16)
+
+
+@dataclass(slots=True)
+class StepInFlight:
+    """A step between begin_step() and finish_step()."""
+
+    deltas: list[RequestDelta]  # deltas already due (aborts since the last step)
+    started_at: float  # time.time() at begin_step
+    t0: float  # perf_counter at begin_step
+    out: SchedulerOutput | None = None
+    num_before: dict[str, int] = field(default_factory=dict)
+    launched: HostCopy | None = None
+    graphed: bool = False  # launching it replays a CUDA graph
+    host_s: float = 0.0  # the engine's own time in schedule_step + launch_step
+    finish_s: float = 0.0  # in finish_step
 
 
 class LLMEngine:
@@ -79,12 +97,20 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
+        self.prefill_policy: PrefillPolicy | None = None
+        if config.step_time_target_s is not None:
+            self.prefill_policy = PrefillPolicy(
+                config.step_time_target_s,
+                ttft_guard_s=config.prefill_ttft_guard_s,
+                ttft_prompt_tokens=config.ttft_prompt_tokens,
+            )
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
             max_preemptions=config.max_preemptions,
             eos_token_ids=eos,
+            prefill_policy=self.prefill_policy,
         )
         self.speculator: Speculator | None = None
         if config.speculative_method == "ngram":
@@ -96,6 +122,7 @@ class LLMEngine:
         self.last_schedule_s = 0.0
         self.step_trace: StepTrace | None = None  # enable_step_trace() turns recording on
         self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
+        self._in_flight = False  # between begin_step and finish_step
 
     def enable_step_trace(
         self, capacity: int = 1 << 18, extra_fields: tuple[str, ...] = ()
@@ -121,6 +148,7 @@ class LLMEngine:
         arrival_time: float | None = None,
         cache_salt: object = None,
     ) -> None:
+        self._check_no_step_in_flight()
         params = params or SamplingParams()
         prompt = list(prompt_token_ids)
         if not prompt:
@@ -160,11 +188,16 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> bool:
         """Frees the request's KV blocks now; its final delta comes with the next step."""
+        self._check_no_step_in_flight()
         request = self.scheduler.abort(request_id)
         if request is None:
             return False
         self._pending.append(self._delta(request, [], self._flush(request)))
         return True
+
+    def _check_no_step_in_flight(self) -> None:
+        if self._in_flight:
+            raise RuntimeError("the engine is between begin_step() and finish_step()")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)
@@ -172,9 +205,20 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
+        return self.finish_step(self.begin_step())
+
+    def begin_step(self) -> StepInFlight:
+        """Schedule the next step and launch its device work without waiting for it. Until
+        finish_step(), the engine must not be changed (no add_request or abort): the caller
+        may only do unrelated host work, which then overlaps the GPU's."""
+        return self.launch_step(self.schedule_step())
+
+    def schedule_step(self) -> StepInFlight:
+        """The first half of begin_step: decide the step (and draft, when speculating). Its
+        `graphed` says whether launching it will be cheap (a graph replay)."""
+        self._check_no_step_in_flight()
         deltas, self._pending = self._pending, []
-        started_at = time.time()
-        t0 = time.perf_counter()
+        step = StepInFlight(deltas=deltas, started_at=time.time(), t0=time.perf_counter())
         spec = self.speculator
         drafting = spec is not None and spec.plan(self.scheduler.running)
         out = self.scheduler.schedule()
@@ -182,12 +226,39 @@ class LLMEngine:
             self.runner.begin_step()
             spec.propose(out)
             self.scheduler.apply_drafts(out)
-        self.last_schedule_s = time.perf_counter() - t0  # includes drafting, when on
-        num_before = {r.request_id: r.num_tokens for r in out.requests}
-        sampled = self.runner.execute(out) if not out.is_empty else []
+        self.last_schedule_s = time.perf_counter() - step.t0  # includes drafting, when on
+        step.out = out
+        step.num_before = {r.request_id: r.num_tokens for r in out.requests}
+        step.graphed = self.runner.will_replay(out)
+        step.host_s = self.last_schedule_s
+        self._in_flight = True
+        return step
+
+    def launch_step(self, step: StepInFlight) -> StepInFlight:
+        """The second half of begin_step: queue the step's device work."""
+        t0 = time.perf_counter()
+        step.launched = self.runner.launch(step.out) if not step.out.is_empty else None
+        step.host_s += time.perf_counter() - t0
+        return step
+
+    @staticmethod
+    def step_time(step: StepInFlight) -> float:
+        """The engine's own time in a finished step (what the trace records as wall_s)."""
+        return step.host_s + step.finish_s
+
+    def step_done(self, step: StepInFlight) -> bool:
+        """True once finish_step(step) would not wait for the device."""
+        return step.launched is None or step.launched.done()
+
+    def finish_step(self, step: StepInFlight) -> list[RequestDelta]:
+        """Wait for the step begin_step() launched; returns its deltas."""
+        t_wait = time.perf_counter()
+        out, deltas = step.out, step.deltas
+        sampled = self.runner.collect(step.launched) if step.launched is not None else []
+        self._in_flight = False
         t_post = time.perf_counter()
         for request in self.scheduler.update_from_output(out, sampled):
-            start = num_before[request.request_id]
+            start = step.num_before[request.request_id]
             new_ids = request.token_ids[start:]  # several when drafts were accepted
             detok = request.detokenizer
             text = ""
@@ -210,17 +281,24 @@ class LLMEngine:
             deltas.append(self._delta(request, new_ids, text))
         for request in out.failed:
             deltas.append(self._delta(request, [], self._flush(request)))
+        step.finish_s = time.perf_counter() - t_wait
+        if self.prefill_policy is not None and not out.is_empty:
+            self.prefill_policy.observe(out.features, step.host_s + step.finish_s)
         if self.step_trace is not None and not out.is_empty:
-            self._trace_step(out, started_at, t0, t_post)
+            self._trace_step(step, t_wait, t_post)
         return deltas
 
-    def _trace_step(self, out, started_at: float, t0: float, t_post: float) -> None:
+    def _trace_step(self, step: StepInFlight, t_wait: float, t_post: float) -> None:
         now = time.perf_counter()
         timing = self.runner.timing
         bm = self.block_manager
+        out = step.out
+        # wall_s counts the engine's own time: launch + wait + post, not what the caller did
+        # between begin_step and finish_step.
         row = self.step_trace.record(
-            start=started_at, wall_s=now - t0, schedule_s=self.last_schedule_s,
-            prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
+            start=step.started_at, wall_s=step.host_s + (now - t_wait),
+            schedule_s=self.last_schedule_s, prepare_s=timing.prepare_s,
+            forward_s=timing.forward_s, sample_s=timing.sample_s, wait_s=timing.wait_s,
             post_s=now - t_post, num_tokens=sum(out.num_new_tokens),
             num_decodes=out.num_decodes, num_seqs=len(out.requests),
             num_running=len(self.scheduler.running), num_waiting=self.scheduler.num_waiting,
@@ -258,6 +336,10 @@ class LLMEngine:
             first_token_time=request.first_token_time,
             finish_time=request.finish_time,
         )
+
+    def reset_prefix_cache(self) -> int:
+        """Forgets every cached prefix block that no request holds; returns how many."""
+        return self.block_manager.reset_prefix_cache()
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

@@ -17,8 +17,9 @@ from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget, profile_
 from engine.models.config import ModelConfig
 from engine.models.loader import build_model
 from engine.models.rope import cos_sin_cache
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.request import Request
-from engine.sampler import SamplingBatch, sample, to_host_list
+from engine.sampler import HostCopy, SamplingBatch, sample
 from engine.scheduler import SchedulerOutput
 from engine.spec_draft import DraftProposer
 from engine.spec_verify import verify
@@ -26,9 +27,10 @@ from engine.spec_verify import verify
 
 @dataclass(slots=True)
 class StepTiming:
-    prepare_s: float = 0.0
-    forward_s: float = 0.0
-    sample_s: float = 0.0
+    prepare_s: float = 0.0  # packing the batch, host-to-device copies
+    forward_s: float = 0.0  # launching the forward pass (graph replay or eager kernels)
+    sample_s: float = 0.0  # launching sampling and the device-to-host copy
+    wait_s: float = 0.0  # collect(): waiting for the device to finish the step
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -69,8 +71,9 @@ class ModelRunner:
             self.draft.allocate(self.num_blocks)
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
-        self.batch_builder = BatchBuilder(self.block_size, device)
+        self.batch_builder = BatchBuilder(self.block_size, device, model_config.num_kv_heads)
         self.graphs: StepGraphs | None = None  # pure-decode steps
+        self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks
         self.verify_graphs: StepGraphs | None = None  # decodes with drafts (speculation on)
         # Benchmarks set a list here to collect (start, end) CUDA events of every step.
         self.step_events: list | None = None
@@ -78,10 +81,23 @@ class ModelRunner:
 
     # -- the step ------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list:
         """One entry per sampling request: a token id, or (when the batch verifies drafts) a
         list of accepted drafts + one target token."""
+        return self.collect(self.launch(out))
+
+    def collect(self, launched: HostCopy) -> list:
+        """Wait for a launched step's sampled ids (the step's one device-to-host copy)."""
+        t0 = time.perf_counter()
+        result = launched.wait()
+        self.timing.wait_s = time.perf_counter() - t0
+        return result
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> HostCopy:
+        """Queue the step's device work (forward, sampling, the copy of the sampled ids) and
+        return without waiting for it, so the caller can do host work meanwhile; collect()
+        brings the result. Verify steps (speculation) still finish here."""
         t0 = time.perf_counter()
         batch = self.batch_builder.prepare(out)
         sampling = self._sampling_batch(batch.sampling_requests, batch.has_drafts)
@@ -93,7 +109,10 @@ class ModelRunner:
         if graphs is not None:
             logits = graphs.replay(batch)  # every token samples in these steps
         else:
-            hidden = self._eager_forward(batch)
+            if self._piecewise_for(batch) is not None:
+                hidden = self.piecewise.run(batch)
+            else:
+                hidden = self._eager_forward(batch)
             logits = self.model.compute_logits(hidden[batch.logits_indices])
         if self.draft is not None and not batch.has_drafts:
             # The draft skipped this step's decodes: their K/V are missing from its cache
@@ -105,15 +124,29 @@ class ModelRunner:
         if batch.has_drafts:
             vocab = self.model_config.vocab_size
             # verify() ends in the step's one D2H copy.
-            result = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
+            accepted = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
+            result = HostCopy(values=accepted)
             self._record_end()
+        elif sampling is not None:
+            sampled = sample(logits, sampling)
+            self._record_end()
+            result = HostCopy.start(sampled)  # the step's one D2H copy
         else:
-            sampled = sample(logits, sampling) if sampling is not None else None
             self._record_end()
-            result = to_host_list(sampled) if sampled is not None else []  # the one D2H copy
+            result = HostCopy(values=[])
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return result
+
+    def will_replay(self, out: SchedulerOutput) -> bool:
+        """Whether launch(out) replays a captured graph (cheap) rather than launching the
+        forward kernel by kernel (host-bound: tens of ms for a large model)."""
+        if self.device.type != "cuda" or any(r.spec_token_ids for r in out.requests):
+            return False
+        graphs, pw = self.graphs, self.piecewise
+        if graphs is not None and 0 < len(out.requests) == out.num_decodes <= graphs.max_bs:
+            return True
+        return pw is not None and pw.can_run(sum(out.num_new_tokens))
 
     def begin_step(self) -> None:
         """Open the step's GPU interval early (the engine calls this before a draft model
@@ -163,6 +196,12 @@ class ModelRunner:
             self.draft.forward(batch.input_ids[nd:], batch.positions[nd:], prefill_tail(meta))
         return hidden
 
+    def _piecewise_for(self, batch) -> PiecewiseGraphs | None:
+        pw = self.piecewise
+        if pw is None or batch.has_drafts or not pw.can_run(batch.input_ids.shape[0]):
+            return None
+        return pw
+
     def _graphs_for(self, batch) -> StepGraphs | None:
         if batch.has_drafts:
             graphs = self.verify_graphs
@@ -192,6 +231,13 @@ class ModelRunner:
             pool = self.verify_graphs.capture(pool)
         self.graphs = step_graphs(1)
         pool = self.graphs.capture(pool)
+        if self.config.use_piecewise_graphs and self.draft is None:
+            self.piecewise = PiecewiseGraphs(
+                self.model, self.kv_caches, self.cos_sin, device=self.device, dtype=self.dtype,
+                max_tokens=min(self.config.piecewise_max_tokens,
+                               self.config.max_num_batched_tokens),
+            )  # fmt: skip
+            pool = self.piecewise.capture(pool)
         if self.draft is not None:
             self.draft.capture_graphs(
                 self.config.num_speculative_tokens, max_num_seqs, self.max_model_len, pool

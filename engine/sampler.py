@@ -66,17 +66,39 @@ class SamplingBatch:
         )
 
 
+@dataclass(slots=True)
+class HostCopy:
+    """A device tensor on its way to the host: `wait()` blocks (with the GIL released) until
+    the copy, and everything queued before it on the stream, is done."""
+
+    host: torch.Tensor | None = None
+    event: torch.cuda.Event | None = None
+    values: list | None = None  # already on the host (CPU tensors, synchronous paths)
+
+    @classmethod
+    def start(cls, t: torch.Tensor) -> HostCopy:
+        if t.device.type != "cuda":
+            return cls(values=t.tolist())
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls(host, event)
+
+    def done(self) -> bool:
+        """True once wait() would not block."""
+        return self.values is not None or self.event.query()
+
+    def wait(self) -> list:
+        if self.values is None:
+            self.event.synchronize()
+            self.values = self.host.tolist()
+        return self.values
+
+
 def to_host_list(t: torch.Tensor) -> list:
-    """t.tolist() for a device tensor, waiting on an event: the wait releases the GIL, so the
-    worker's other threads (its Redis round trip) run while the GPU finishes the step."""
-    if t.device.type != "cuda":
-        return t.tolist()
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    done.synchronize()
-    return host.tolist()
+    """t.tolist(), waiting on an event (the wait releases the GIL)."""
+    return HostCopy.start(t).wait()
 
 
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -17,11 +17,12 @@ import numpy as np
 # Written by the engine for every step (seconds, counts).
 ENGINE_FIELDS = (
     "start",  # time.time() when the step began
-    "wall_s",  # the whole engine.step()
+    "wall_s",  # the engine's own time in the step: begin_step + finish_step
     "schedule_s",  # scheduling (and drafting, when speculating)
     "prepare_s",  # batch packing + host-to-device copies
     "forward_s",  # launching the forward pass (graph replay or eager kernels)
-    "sample_s",  # sampling + the device-to-host copy (waits for the GPU)
+    "sample_s",  # launching sampling and the device-to-host copy
+    "wait_s",  # waiting for the device in finish_step
     "post_s",  # bookkeeping after the forward pass: new tokens, stops, detokenisation
     "gpu_s",  # device time from the step's start event to its end event (NaN on the CPU)
     "num_tokens",

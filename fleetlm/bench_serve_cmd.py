@@ -87,18 +87,30 @@ def run(args: argparse.Namespace) -> int:
         "server_env": dict(i.partition("=")[::2] for i in args.server_env),
     }
     sweeps: dict[str, dict] = {}
+    partial: dict[str, list] = {}
+
+    def checkpoint(backend: str):
+        # Each finished rate is written at once, so a run cut short still leaves its figures.
+        def save(run: dict) -> None:
+            partial.setdefault(backend, []).append(run)
+            if args.json:
+                _write_json(args.json, result | {"partial": partial})
+
+        return save
+
     plan = None
     if args.backend == "http":
-        plan, sweeps["served"] = _served_sweep(args, spec, rates, targets, result)
+        plan, sweeps["served"] = _served_sweep(
+            args, spec, rates, targets, result, checkpoint("served")
+        )
     if args.backend == "engine" or args.compare_engine:
-        sweeps["engine"] = _engine_sweep(args, spec, rates, targets, plan)
+        sweeps["engine"] = _engine_sweep(args, spec, rates, targets, plan, checkpoint("engine"))
     result.update(sweeps)
     if "served" in sweeps and "engine" in sweeps:
         result["comparison"] = compare(sweeps["served"], sweeps["engine"])
     _print_summary(sweeps, result.get("comparison"))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_jsonable(result), indent=1, allow_nan=False))
+        _write_json(args.json, result)
         print(f"wrote {args.json}")
     if args.plot:
         from fleetlm.bench.plot import plot_sweeps
@@ -113,7 +125,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _served_sweep(args, spec, rates, targets, result):
+def _write_json(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_jsonable(result), indent=1, allow_nan=False))
+
+
+def _served_sweep(args, spec, rates, targets, result, on_run):
     from fleetlm.bench.launcher import LaunchedServer
     from fleetlm.bench.loadgen import Target
     from fleetlm.bench.serve_bench import HttpBackend, run_rate, sweep
@@ -155,13 +172,14 @@ def _served_sweep(args, spec, rates, targets, result):
         return plan, sweep(
             lambda rate: run_rate(backend, plan, rate, targets), rates,
             bisect_rounds=args.bisect, stop_after_failure=not args.no_stop_on_miss,
+            on_run=on_run,
         )  # fmt: skip
     finally:
         if server is not None:
             server.cleanup()
 
 
-def _engine_sweep(args, spec, rates, targets, plan):
+def _engine_sweep(args, spec, rates, targets, plan, on_run):
     from fleetlm.bench.serve_bench import EngineBackend, run_rate, sweep
     from service.settings import Settings
     from workers.gpu_worker import build_engine
@@ -175,7 +193,7 @@ def _engine_sweep(args, spec, rates, targets, plan):
     _warm_up(backend, plan, rates[0], args.warmup_s)
     return sweep(
         lambda rate: run_rate(backend, plan, rate, targets), rates,
-        bisect_rounds=args.bisect, stop_after_failure=not args.no_stop_on_miss,
+        bisect_rounds=args.bisect, stop_after_failure=not args.no_stop_on_miss, on_run=on_run,
     )  # fmt: skip
 
 

@@ -137,18 +137,39 @@ def child_env(redis_url: str, database_url: str) -> dict[str, str]:
     return {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url}
 
 
-def _children(args: argparse.Namespace, settings: Settings, env: dict[str, str]) -> list[Child]:
+def cpu_torch_threads(settings: Settings, num_workers: int) -> tuple[int, str]:
+    """CPU workers' torch threads (workers/torch_threads.py) and where the number comes from."""
+    from workers.torch_threads import RESERVED_CORES, cpu_worker_threads, usable_cores
+
+    if settings.torch_threads:
+        return settings.torch_threads, "FLEETLM_TORCH_THREADS"
+    cores = usable_cores()
+    threads = cpu_worker_threads(num_workers, cores)
+    why = f"{cores} core(s), {RESERVED_CORES} left for the API and services"
+    return threads, f"{why}; FLEETLM_TORCH_THREADS overrides"
+
+
+def _children(
+    args: argparse.Namespace, settings: Settings, env: dict[str, str]
+) -> tuple[list[Child], str]:
     """The API first, then the workers, Celery, and the metering writer last: children stop in
     this order (the API drains while the workers still run; the writer writes what they
-    metered)."""
+    metered). Also says what the workers run on."""
     cli = [sys.executable, "-m", "fleetlm.cli"]
     children = [Child("api", [*cli, "api"], env)]
     num_gpus = count_gpus()
     num_workers = args.workers if args.workers is not None else max(1, num_gpus)
+    on_cpu = settings.device == "cpu" or (settings.device == "auto" and not num_gpus)
+    threads, why = cpu_torch_threads(settings, num_workers) if on_cpu else (0, "")
+    workers = f"{num_workers} {'CPU' if on_cpu else 'GPU'} worker(s)"
+    if on_cpu and num_workers:
+        workers += f", {threads} torch thread(s) each ({why})"
     for i in range(num_workers):
         worker_env = dict(env)
         if num_gpus:
             worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
+        if on_cpu:
+            worker_env["FLEETLM_TORCH_THREADS"] = str(threads)
         if settings.worker_metrics_port:
             worker_env["FLEETLM_WORKER_METRICS_PORT"] = str(settings.worker_metrics_port + i)
         children.append(Child(f"worker-{i}", [*cli, "worker"], worker_env))
@@ -158,7 +179,7 @@ def _children(args: argparse.Namespace, settings: Settings, env: dict[str, str])
         argv = [*cli, "celery", role, "--pidfile", pidfile]
         children.append(Child(f"celery-{role}", argv, env))
     children.append(Child("metering", [*cli, "metering"], env))
-    return children
+    return children, workers
 
 
 def _supervise(children: list[Child], stop: StopRequest) -> int:
@@ -206,16 +227,15 @@ def run(args: argparse.Namespace) -> int:
             FLEETLM_PORT=str(settings.port),
             FLEETLM_DATA_DIR=str(data_dir),
         )
-        children = _children(args, settings, env)
+        children, workers = _children(args, settings, env)
         for child in children:
             child.start()
         base = f"http://{settings.host}:{settings.port}"
         _wait_healthy(base, children[0], timeout_s=120)
-        num_workers = sum(c.name.startswith("worker-") for c in children)
         print(f"fleetlm: serving {settings.model_name} at {base}/v1", flush=True)
         print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
         print(f"fleetlm: admin key in {data_dir / 'operator-key'}", flush=True)
-        print(f"fleetlm: {num_workers} worker(s); Ctrl-C stops everything", flush=True)
+        print(f"fleetlm: {workers}; Ctrl-C stops everything", flush=True)
         return _supervise(children, stop)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

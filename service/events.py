@@ -16,6 +16,7 @@ class DeltaEvent(TypedDict):
     text: str
     worker: str
     completion_tokens: int  # so far: what a reclaiming worker bills if this worker dies
+    cached_tokens: NotRequired[int]  # of the prompt, once scheduled (per-chunk usage)
 
 
 class DoneEvent(TypedDict):

@@ -84,11 +84,26 @@ class Settings(BaseSettings):
     speculative_method: Literal["ngram", "draft"] | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
-    torch_threads: int | None = None  # CPU workers: intra-op threads (None → torch's default)
-    # Run the step's Redis round trip on a thread while the next step runs (docs/serving.md);
-    # None → on for GPU workers, off on the CPU (the thread would take a core from the forward).
-    worker_overlap_exchange: bool | None = None
+    use_piecewise_graphs: bool = False  # CUDA graph pieces for steps with prompt chunks
+    piecewise_max_tokens: int = 2048
+    # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
+    # this target (None: off, each step may fill max_num_batched_tokens with prefill).
+    step_time_target_s: float | None = None
+    prefill_ttft_guard_s: float = 0.3
+    ttft_prompt_tokens: int = 4000
+    # Intra-op threads: None → 1 for a GPU worker; for a CPU worker the cores but one, split
+    # among the CPU workers of the machine (workers/torch_threads.py).
+    torch_threads: int | None = None
+    # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
+    worker_overlap_exchange: bool = True
+    # While a step runs on the GPU, read the queues again this often (0: once per step), so a
+    # request arriving during a long prefill step is admitted right after it.
+    worker_poll_s: float = 0.002
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
+    # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
+    control_timeout_s: float = 20.0
+    profile_dir: Path | None = None  # /stop_profile's traces; None → <data_dir>/profiles
+    profile_max_steps: int = 100  # a profile records at most this many engine steps
 
     # -- operations (docs/operations.md) ---------------------------------------------------
     worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)

@@ -1,9 +1,11 @@
 # One GPU worker process: pulls requests from the Redis priority queues into the engine and runs
 # the step loop. Each step makes ONE pipelined Redis round trip that publishes every request's
 # delta, finishes requests (usage record, XACK), picks up cancellations, writes engine stats and
-# reads new work (interactive always, batch only with headroom). A heartbeat thread keeps the
-# worker's alive key and the idle time of its pending queue entries fresh, so XAUTOCLAIM by other
-# workers takes only the entries of a worker that stopped heartbeating.
+# reads new work (interactive always, batch only with headroom). The round trip for step N runs
+# while step N+1 is on the GPU (between the engine's begin_step and finish_step, on this one
+# thread), so it costs the GPU nothing; what it read applies before step N+2. A heartbeat thread
+# keeps the worker's alive key and the idle time of its pending queue entries fresh, so
+# XAUTOCLAIM by other workers takes only the entries of a worker that stopped heartbeating.
 from __future__ import annotations
 
 import gc
@@ -14,7 +16,6 @@ import secrets
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,11 +35,17 @@ from service.events import (
 )
 from service.queued_request import QueuedRequest
 from service.settings import Settings
+from workers.control import WorkerControl
 from workers.metrics import WorkerMetrics
 from workers.step_timing import StepTiming
+from workers.torch_threads import apply_torch_threads
 from workers.usage import BusyMeter, usage_record
 
 log = logging.getLogger("fleetlm.worker")
+
+# A stream's TTL is set with its first event and refreshed every this many (and at its end),
+# not with every token: one command per token instead of two on the step's round trip.
+TTL_REFRESH_EVENTS = 256
 
 
 @dataclass(slots=True)
@@ -47,18 +54,23 @@ class Inflight:
     queue: str
     entry_id: str
     published: bool = False  # any output event sent: from then on it can no longer be re-run
+    num_events: int = 0  # delta events published (the stream's TTL is refreshed now and then)
 
 
 @dataclass(slots=True)
 class Exchange:
-    """One step's Redis round trip in flight, and where its replies land in the results."""
+    """One step's Redis round trip, and where its replies land in the results."""
 
-    future: Future
+    pipe: redis.client.Pipeline
     ids: list[str] = field(default_factory=list)  # inflight ids whose cancel keys were read
     streams: list[str] = field(default_factory=list)  # queues XAUTOCLAIMed, in order
     at_cancels: int = -1
     at_reclaim: int = -1
     at_read: int = -1  # the XREADGROUP's reply, or -1 when nothing was read
+    build_s: float = 0.0
+    io_s: float = 0.0
+    read_streams: list[str] = field(default_factory=list)  # the queues work may be read from
+    room: int = 0  # how many new requests the engine may take this turn
 
 
 def new_worker_id() -> str:
@@ -66,10 +78,8 @@ def new_worker_id() -> str:
 
 
 def build_engine(settings: Settings) -> LLMEngine:
-    if settings.torch_threads:
-        import torch
-
-        torch.set_num_threads(settings.torch_threads)
+    threads = apply_torch_threads(settings.device, settings.torch_threads)
+    log.info("torch uses %d intra-op thread(s) (FLEETLM_TORCH_THREADS overrides)", threads)
     return LLMEngine(settings.engine_config())
 
 
@@ -96,62 +106,109 @@ class GpuWorker:
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
-        self.overlap_exchange = settings.worker_overlap_exchange
-        if self.overlap_exchange is None:
-            self.overlap_exchange = self.engine.device.type == "cuda"
+        self.control = WorkerControl(self.engine, settings, redis_url, self.worker_id)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def run(self) -> None:
+        # The model, the engine and the tokenizer are built and stay: keep the collector from
+        # re-scanning them in every full collection on the step path.
+        gc.collect()
+        gc.freeze()
         for priority in p.PRIORITIES:
             try:
                 self.redis.xgroup_create(p.queue_key(priority), p.GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+        # Stats before the first heartbeat: a worker seen alive always has them.
+        stats_key = p.stats_key(self.worker_id)
+        self.redis.hset(stats_key, mapping=self._stats_mapping(self.engine.stats()))
+        self.redis.expire(stats_key, 60)
         self._heartbeat()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        self.control.start(self.stopping)
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
-        # The model, the engine and the tokenizer are built and stay: keep the collector from
-        # re-scanning them in every full collection on the step path.
-        gc.collect()
-        gc.freeze()
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
-        # The Redis round trip of step N runs on this thread while step N+1 runs on the GPU;
-        # its admissions and cancels apply before step N+2 (one step later than in lock step).
-        io = ThreadPoolExecutor(1, thread_name_prefix="redis-exchange")
-        pending: Exchange | None = None
+        self._unpublished: list = []  # the last step's deltas, for the next round trip
         try:
             while not self.stopping.is_set():
-                loop_started = time.perf_counter()
-                if self.draining.is_set():
-                    pending = self._complete(pending)
-                    if self._drained():
-                        break
-                deltas = []
-                row = -1
-                if self.engine.has_unfinished():
-                    started = time.perf_counter()
-                    deltas = self.engine.step()
-                    elapsed = time.perf_counter() - started
-                    row = self.engine.last_step_row
-                    self.busy.add(elapsed)
-                    self.num_steps += 1
-                    self.metrics.on_step(
-                        [d for d in deltas if d.request_id in self.inflight], elapsed
-                    )
-                self._complete(pending, row)
-                pending = self._begin_exchange(io, deltas, row)
-                if not self.overlap_exchange:
-                    pending = self._complete(pending, row)
-                self.step_timing.end_loop(row, loop_started)
+                self.control.run_pending()  # /reset_prefix_cache, /start_profile, ...
+                if self.draining.is_set() and self._drained():
+                    break
+                self._turn()
         finally:
-            self._complete(pending)
-            io.shutdown(wait=True)
+            self.control.close()
             self.step_timing.flush(force=True)
             self.step_timing.close()
-            self._shutdown()
+            self._shutdown(self._unpublished)
+
+    def _turn(self) -> None:
+        """One loop turn: launch a step, do the Redis round trip for the previous one while
+        the GPU works (reading new work again every worker_poll_s until the step is done),
+        finish the step, then apply what was read."""
+        loop_started = time.perf_counter()
+        step = self.engine.schedule_step() if self.engine.has_unfinished() else None
+        if not self.settings.worker_overlap_exchange:
+            deltas = self.engine.finish_step(self.engine.launch_step(step)) if step else []
+            row = self._account(step, deltas)
+            exchange, results = self._exchange(deltas, busy=False)
+            self._apply(exchange, results, row)
+            self.step_timing.end_loop(row, loop_started)
+            return
+        # A graph replay launches in well under a millisecond, so its round trip follows the
+        # launch; a step launched kernel by kernel (prefill chunks) keeps the host busy for
+        # tens of milliseconds, so the previous step's tokens go out before it.
+        if step is not None and step.graphed:
+            self.engine.launch_step(step)
+        exchange, results = self._exchange(self._unpublished, busy=step is not None)
+        self._unpublished = []
+        polled: list = []
+        row = -1
+        if step is not None:
+            if not step.graphed:
+                self.engine.launch_step(step)
+            polled = self._poll_while_running(step, exchange, results)
+            self._unpublished = self.engine.finish_step(step)
+            row = self._account(step, self._unpublished)
+        self._apply(exchange, results, row, polled)
+        self.step_timing.end_loop(row, loop_started)
+
+    def _account(self, step, deltas: list) -> int:
+        """Busy time and metrics of a finished step; returns its trace row (-1: no step)."""
+        if step is None:
+            return -1
+        elapsed = self.engine.step_time(step)
+        self.busy.add(elapsed)
+        self.num_steps += 1
+        self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
+        return self.engine.last_step_row
+
+    def _poll_while_running(self, step, exchange: Exchange, results: list) -> list:
+        """New queue entries read while the step is still on the GPU, every worker_poll_s:
+        a request that arrives during a long step is admitted right after it, not a step
+        later. Returns [(queue, entry_id, fields)] for _apply."""
+        interval = self.settings.worker_poll_s
+        room = exchange.room - sum(
+            len(entries) for _, entries in (results[exchange.at_read] or [])
+        ) if exchange.at_read >= 0 else 0  # fmt: skip
+        entries: list = []
+        if interval <= 0 or room <= 0:
+            return entries
+        next_poll = time.perf_counter() + interval
+        streams = dict.fromkeys(exchange.read_streams, ">")
+        while room > 0 and not self.engine.step_done(step):
+            if time.perf_counter() < next_poll:
+                time.sleep(0.0002)
+                continue
+            for queue, got in (
+                self.redis.xreadgroup(p.GROUP, self.worker_id, streams, count=room) or []
+            ):
+                entries.extend((queue, entry_id, fields) for entry_id, fields in got)
+                room -= len(got)
+            next_poll = time.perf_counter() + interval
+        return entries
 
     def _heartbeat(self) -> None:
         with self._lock:
@@ -207,9 +264,12 @@ class GpuWorker:
         pipe.xack(f.queue, p.GROUP, f.entry_id)
         pipe.xdel(f.queue, f.entry_id)
 
-    def _shutdown(self) -> None:
-        """Hands unstarted requests back to their queue; fails the ones already streaming."""
+    def _shutdown(self, deltas: list) -> None:
+        """Publishes the last step's deltas, hands unstarted requests back to their queue and
+        fails the ones already streaming."""
         pipe = self.redis.pipeline(transaction=False)
+        for delta in deltas:
+            self._publish(pipe, delta)
         with self._lock:
             inflight, self.inflight = list(self.inflight.values()), {}
         for f in inflight:
@@ -234,9 +294,9 @@ class GpuWorker:
 
     # -- the per-step round trip ----------------------------------------------------------
 
-    def _begin_exchange(self, io: ThreadPoolExecutor, deltas: list, row: int) -> Exchange:
-        """Build the step's pipeline here (it reads and updates `inflight`) and run it on the
-        exchange thread."""
+    def _exchange(self, deltas: list, *, busy: bool) -> tuple[Exchange, list]:
+        """Publish `deltas`, read cancels and new work: one pipelined round trip. `busy`: a
+        step is running, so the read must not block."""
         t0 = time.perf_counter()
         pipe = self.redis.pipeline(transaction=False)
         for delta in deltas:
@@ -281,7 +341,7 @@ class GpuWorker:
                     queue, p.GROUP, self.worker_id, self._dead_after_ms, start, count=room
                 )
         at_read = len(pipe)
-        idle = not self.engine.has_unfinished()
+        idle = not busy and not self.engine.has_unfinished()
         if room > 0:
             # Idle: block on the queues (bounded, so stop requests are seen); busy: just poll.
             block = int(self.settings.heartbeat_interval_s * 500) if idle else None
@@ -289,30 +349,25 @@ class GpuWorker:
                 p.GROUP, self.worker_id, dict.fromkeys(streams, ">"), count=room, block=block
             )
         exchange = Exchange(
-            future=io.submit(self._execute, pipe),
+            pipe=pipe,
             ids=ids,
             streams=streams if reclaim else [],
             at_cancels=at_cancels,
             at_reclaim=at_reclaim,
             at_read=at_read if room > 0 else -1,
+            read_streams=streams,
+            room=max(room, 0),
         )
+        t1 = time.perf_counter()
+        results = pipe.execute()
+        exchange.build_s, exchange.io_s = t1 - t0, time.perf_counter() - t1
         if room <= 0 and idle:
             time.sleep(0.01)
-        self.step_timing.add(row, exchange_build_s=time.perf_counter() - t0)
-        return exchange
+        return exchange, results
 
-    def _execute(self, pipe: redis.client.Pipeline) -> tuple[list, float]:
+    def _apply(self, exchange: Exchange, results: list, row: int, polled: list = ()) -> None:
+        """What a round trip (and the polls after it) read: cancels first, then new requests."""
         t0 = time.perf_counter()
-        results = pipe.execute()
-        return results, time.perf_counter() - t0
-
-    def _complete(self, exchange: Exchange | None, row: int = -1) -> None:
-        """Wait for an exchange and apply what it read: cancels, then new requests."""
-        if exchange is None:
-            return None
-        t0 = time.perf_counter()
-        results, io_s = exchange.future.result()
-        t1 = time.perf_counter()
         if exchange.ids:
             for request_id, flag in zip(exchange.ids, results[exchange.at_cancels]):
                 if flag is not None and self.engine.abort(request_id):
@@ -327,10 +382,12 @@ class GpuWorker:
             for queue, entries in results[exchange.at_read] or []:
                 for entry_id, fields in entries:
                     self._admit(queue, entry_id, fields)
+        for queue, entry_id, fields in polled:
+            self._admit(queue, entry_id, fields)
         self.step_timing.add(
-            row, exchange_wait_s=t1 - t0, exchange_io_s=io_s, apply_s=time.perf_counter() - t1
-        )
-        return None
+            row, exchange_build_s=exchange.build_s, exchange_io_s=exchange.io_s,
+            apply_s=time.perf_counter() - t0,
+        )  # fmt: skip
 
     def _stats_mapping(self, stats: Any) -> dict[str, Any]:
         return {
@@ -408,10 +465,13 @@ class GpuWorker:
                 "text": delta.new_text,
                 "worker": self.worker_id,
                 "completion_tokens": delta.usage.completion_tokens,
+                "cached_tokens": delta.usage.cached_tokens,
             }
             key = p.output_key(delta.request_id)
             pipe.xadd(key, encode_event(event))
-            pipe.expire(key, self._output_ttl(f.req))
+            if f.num_events % TTL_REFRESH_EVENTS == 0:
+                pipe.expire(key, self._output_ttl(f.req))
+            f.num_events += 1
             f.published = True
             return
         usage = usage_counts(asdict(delta.usage))

@@ -1,6 +1,6 @@
 # The worker's per-step timing: the engine's step trace (engine/step_trace.py) plus what the
-# worker does around each step — building its Redis pipeline, waiting for the previous round
-# trip, applying what it read (cancels, admissions), the whole loop turn, and time spent in
+# worker does around each step — its Redis round trip (built and sent while the step is on the
+# GPU), applying what it read (cancels, admissions), the whole loop turn, and time spent in
 # Python's garbage collector. `fleetlm bench serve` lines these rows up with the bare engine's.
 #
 # With a trace directory set (FLEETLM_WORKER_STEP_TRACE_DIR), rows are appended about once a
@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 WORKER_FIELDS = (
-    "exchange_build_s",  # building the step's Redis pipeline (on the step loop's thread)
-    "exchange_wait_s",  # blocked on the previous round trip (its part not hidden by the GPU)
-    "exchange_io_s",  # the round trip itself, on the exchange thread
-    "apply_s",  # applying cancels and admitting new requests into the engine
+    # The round trip that ran while this step was on the GPU (publishing the previous step):
+    "exchange_build_s",  # building the Redis pipeline
+    "exchange_io_s",  # sending it and reading the replies
+    "apply_s",  # applying what it read after this step: cancels, new requests
     "loop_s",  # the whole loop turn: step + exchange + admission
     "gc_s",  # Python garbage collection during the loop turn
 )

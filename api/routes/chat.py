@@ -38,5 +38,6 @@ async def create_chat_completion(
         fmt,
         stream=body.stream,
         include_usage=body.include_usage,
+        continuous_usage=body.continuous_usage,
         principal=principal,
     )

@@ -273,10 +273,12 @@ PRESETS: dict[str, ModelConfig] = {
         eos_token_ids=(151645, 151643),
         name="qwen3-8b",
     ),
-    # A few-hundred-KB model for tests and CPU demos; byte-level vocabulary.
+    # A few-MB model for tests and CPU demos. Its byte-level tokenizer decodes ids past the 256
+    # bytes to one visible character each; a vocabulary of real size keeps random bytes (which
+    # stream as held, invalid UTF-8) as rare as in a real model's output.
     "tiny": ModelConfig(
         family="llama",
-        vocab_size=512,
+        vocab_size=8192,
         hidden_size=64,
         intermediate_size=128,
         num_layers=2,

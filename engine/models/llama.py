@@ -41,26 +41,34 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
 
-    def forward(
+    def project(
         self,
         positions: torch.Tensor,  # [num_tokens]
         hidden: torch.Tensor,  # [num_tokens, hidden]
-        meta: AttentionMetadata,
-        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         cos_sin: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]"""
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim))
             k = self.k_norm(k.reshape(-1, self.head_dim))
-        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         q, k = ops.apply_rotary(q, k, positions, cos_sin)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.view(-1, self.q_size))
+        return q, k, v
+
+    def attend(self, q, k, v, meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim] → [T, heads, dim]"""
+        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+
+    def output(self, attn: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(attn.reshape(-1, self.q_size))
+
+    def forward(self, positions, hidden, meta, kv_cache, cos_sin) -> torch.Tensor:
+        q, k, v = self.project(positions, hidden, cos_sin)
+        return self.output(self.attend(q, k, v, meta, kv_cache))
 
 
 class LlamaMLP(nn.Module):
@@ -85,15 +93,26 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
-    def forward(self, positions, hidden, residual, meta, kv_cache, cos_sin):
+    # A layer in two halves around attention, so a step's non-attention work can be captured
+    # in CUDA graphs per token count while attention runs between them (piecewise_graphs.py).
+    def before_attention(self, positions, hidden, residual, cos_sin):
+        """→ q, k, v and the residual stream (hidden, residual: [num_tokens, hidden])"""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta, kv_cache, cos_sin)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        q, k, v = self.self_attn.project(positions, hidden, cos_sin)
+        return q, k, v, residual
+
+    def after_attention(self, attn, residual):
+        """attn: [num_tokens, num_heads, head_dim] → (mlp output, residual)"""
+        hidden, residual = self.post_attention_layernorm(self.self_attn.output(attn), residual)
         return self.mlp(hidden), residual
+
+    def forward(self, positions, hidden, residual, meta, kv_cache, cos_sin):
+        q, k, v, residual = self.before_attention(positions, hidden, residual, cos_sin)
+        return self.after_attention(self.self_attn.attend(q, k, v, meta, kv_cache), residual)
 
 
 class LlamaModel(nn.Module):

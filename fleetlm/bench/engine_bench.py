@@ -83,8 +83,8 @@ def run_workload(
     hits = stats1.prefix_cache_hits - stats0.prefix_cache_hits
     wall = steps["wall_s"]
     step_total = float(wall.sum())
-    breakdown = {k: float(steps[f"{k}_s"].sum()) for k in ("schedule", "prepare", "forward")}
-    breakdown["sample"] = float(steps["sample_s"].sum())
+    parts = ("schedule", "prepare", "forward", "sample", "wait", "post")
+    breakdown = {k: float(steps[f"{k}_s"].sum()) for k in parts}
     breakdown["host_other"] = step_total - sum(breakdown.values())
     gpu = steps["gpu_s"][np.isfinite(steps["gpu_s"])]
     span = float(steps["start"][-1] + wall[-1] - steps["start"][0]) if len(wall) else 0.0

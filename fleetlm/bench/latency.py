@@ -104,6 +104,9 @@ def summarize_class(records: list[RequestRecord], t0: float, t1: float, targets:
         # Prompt tokens of the window's requests per second of window (their arrival rate).
         "input_tok_s": in_tokens / span if span > 0 else math.nan,
         "mean_output_tokens": sum(r.num_output for r in done) / max(len(done), 1),
+        # Streamed chunks per generated token: ~1 when the server streams every token.
+        "chunks_per_token": sum(len(r.token_times) for r in done)
+        / max(sum(r.num_output for r in done), 1),
         "cached_fraction": sum(r.num_cached for r in done) / max(in_tokens, 1),
     }
 

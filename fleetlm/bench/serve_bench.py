@@ -158,14 +158,22 @@ def sweep(
     stop_after_failure: bool = True,
     resolution: float = 0.25,
     log: Callable[[str], None] = print,
+    on_run: Callable[[dict], None] | None = None,
 ) -> dict:
     """Runs the rates in order (stopping after the first that misses the targets, unless told
     otherwise), then bisects between the highest passing and the lowest failing rate."""
     runs: dict[float, dict] = {}
-    for rate in rates:
+
+    def measure(rate: float) -> dict:
         runs[rate] = run(rate)
         log(one_line(runs[rate]))
-        if stop_after_failure and not runs[rate]["meets_targets"]:
+        if on_run is not None:
+            on_run(runs[rate])
+        return runs[rate]
+
+    for rate in rates:
+        passed = measure(rate)["meets_targets"]
+        if stop_after_failure and not passed:
             break
     for _ in range(bisect_rounds):
         passing = [r for r, x in runs.items() if x["meets_targets"]]
@@ -177,8 +185,7 @@ def sweep(
         mid = round((lo + hi) / 2 / resolution) * resolution
         if mid <= lo or mid >= hi or mid in runs:
             break
-        runs[mid] = run(mid)
-        log(one_line(runs[mid]))
+        measure(mid)
     ordered = [runs[r] for r in sorted(runs)]
     passing = [x for x in ordered if x["meets_targets"]]
     best = passing[-1] if passing else None

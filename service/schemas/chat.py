@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.schemas.fields import PositiveInt
 from service.schemas.formatter import Formatter, created_now
+from service.schemas.noop_fields import ChatNoOpFields
 from service.schemas.sampling import SamplingRequest, Usage
 
 
@@ -27,7 +28,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, ChatNoOpFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveInt | None = None
 

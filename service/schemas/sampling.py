@@ -1,5 +1,6 @@
 # Request fields shared by /v1/chat/completions and /v1/completions: OpenAI's plus vLLM's extra
-# sampling parameters. Unknown fields are accepted and ignored, as OpenAI-compatible servers do.
+# sampling parameters. Unknown fields are a 400, and fields that fleetlm knows but does not
+# implement are accepted only at values that ask for nothing (service/schemas/noop_fields.py).
 # Types are strict where OpenAI's API is: "8" or true is not a max_tokens, "yes" not a stream.
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from service.schemas.fields import (
     OnlyOne,
     PositiveInt,
 )
+from service.schemas.noop_fields import NoOpFields
 
 MAX_STOP = 4  # OpenAI's limit; each string's length is the max_stop_chars setting
 
@@ -26,13 +28,22 @@ Stop = NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk with the usage and no choices
+    continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
+    include_obfuscation: bool = False  # OpenAI's padding field, never added here
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _obfuscation(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("include_obfuscation is not supported; omit it or send false")
+        return v
 
 
-class SamplingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+class SamplingRequest(NoOpFields):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     stream: bool = False
@@ -56,6 +67,11 @@ class SamplingRequest(BaseModel):
     min_tokens: NonNegativeInt = 0
     ignore_eos: bool = False
     stop_token_ids: list[NonNegativeInt] | None = None
+    skip_special_tokens: bool = True  # False: special tokens (the template's) appear in the text
+    include_stop_str_in_output: bool = False  # True: the text ends with the stop string matched
+    # Only slow (Python) tokenizers put spaces between special tokens; fleetlm's tokenizer is a
+    # fast one, where vLLM ignores this too, so both values give the same text.
+    spaces_between_special_tokens: bool = True
 
     @field_validator("stop")
     @classmethod
@@ -82,6 +98,10 @@ class SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
     def effective_max_tokens(self) -> int | None:
         return self.max_tokens
 
@@ -100,6 +120,8 @@ class SamplingRequest(BaseModel):
             stop=list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
 
 

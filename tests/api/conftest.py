@@ -32,6 +32,7 @@ SETTINGS = Settings(
     no_worker_timeout_s=0.5,
     worker_dead_after_s=2.0,
     api_key_cache_s=0.2,
+    control_timeout_s=1.0,
 )
 
 

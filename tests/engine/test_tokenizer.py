@@ -285,7 +285,7 @@ def test_for_model(tok_dir: Path) -> None:
     assert isinstance(Tokenizer.for_model(str(tok_dir)), Tokenizer)
     tiny = Tokenizer.for_model("tiny")
     assert isinstance(tiny, ByteTokenizer)
-    assert tiny.vocab_size == 512 and tiny.eos_token_ids == () and tiny.bos_token_id is None
+    assert tiny.vocab_size == 8192 and tiny.eos_token_ids == () and tiny.bos_token_id is None
     llama = Tokenizer.for_model("llama-3.1-8b")
     assert llama.bos_token_id == 128000 and llama.eos_token_ids == (128001, 128008, 128009)
     assert llama.vocab_size == 128256

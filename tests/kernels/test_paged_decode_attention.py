@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from kernels.paged_decode_attention import (
+    MAX_SPLITS,
+    balanced_num_splits,
     choose_num_splits,
     paged_decode_attention,
     paged_decode_attention_ref,
+    split_ladder,
 )
 from tests.kernels.kernel_test_utils import (
     DEVICE,
@@ -181,6 +184,31 @@ def test_choose_num_splits():
     assert choose_num_splits(1, 8, 300, 132) == 2  # >= 256 keys per split
     assert choose_num_splits(4, 2, 0, 132) == 1
     assert choose_num_splits(1, 1, 1 << 20, 132) == 64  # capped
+
+
+def test_balanced_num_splits_cuts_a_straggler():
+    chats = [2400] * 95
+    # Rows of similar length: the even-lengths choice.
+    assert balanced_num_splits(chats, 8, 132) == choose_num_splits(95, 8, 2400, 132) == 1
+    # One 30k document among them: its ranges must be no longer than a typical row.
+    s = balanced_num_splits([*chats, 30000], 8, 132)
+    typical = (sum(chats) + 30000) // 96
+    assert s > 1 and -(-30000 // s) <= typical
+    # Captured counts: the smallest that reaches the need, else the largest.
+    assert balanced_num_splits([*chats, 30000], 8, 132, candidates=[1, 4, 16]) == 16
+    assert balanced_num_splits([*chats, 6000], 8, 132, candidates=[1, 4, 16]) == 4
+    assert balanced_num_splits([*chats, 120000], 8, 132, candidates=[1, 4, 16]) == 16
+    assert balanced_num_splits(chats, 8, 132, candidates=[1, 4, 16]) == 1
+    assert balanced_num_splits([], 8, 132) == 1
+    assert balanced_num_splits([1 << 20], 1, 132) <= MAX_SPLITS
+
+
+def test_split_ladder():
+    assert split_ladder(96, 8, 8192) == [1, 4, 16]
+    small = split_ladder(1, 8, 8192)
+    assert small[0] == choose_num_splits(1, 8, 8192) and small == sorted(set(small))
+    assert max(small) <= MAX_SPLITS
+    assert split_ladder(4, 8, 300) == [2]  # never more splits than 256-key ranges
 
 
 def _bad_decode_args(case):

@@ -51,3 +51,23 @@ def test_worker_engine_speculates_when_configured():
     assert last.finished and last.usage.completion_tokens == 48
     assert last.usage.spec_proposed_tokens > 0
     assert 0 <= last.usage.spec_accepted_tokens <= last.usage.spec_proposed_tokens
+
+
+def test_step_timing_trace_file(tmp_path):
+    from workers.step_timing import WORKER_FIELDS, StepTiming, read_step_trace
+
+    engine = build_engine(Settings(_env_file=None, model="tiny", device="cpu", num_kv_blocks=64))
+    timing = StepTiming(engine, "w-trace", tmp_path)
+    engine.add_request("a", list(range(9)), SamplingParams(max_tokens=12, ignore_eos=True))
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        timing.add(engine.last_step_row, exchange_io_s=0.001)
+        timing.end_loop(engine.last_step_row, 0.0)
+        steps += 1
+    timing.flush(force=True)
+    timing.close()
+    cols = read_step_trace(tmp_path / "steps-w-trace.f64")
+    assert set(WORKER_FIELDS) <= set(cols)
+    assert len(cols["start"]) == steps
+    assert (cols["exchange_io_s"] == 0.001).all() and (cols["loop_s"] > 0).all()
