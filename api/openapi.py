@@ -33,7 +33,7 @@ WHY = {
     409: "The object is not in a state that allows this.",
     413: "The request body is larger than the server accepts.",
     429: "A tenant limit: see `Retry-After` and the `x-ratelimit-*` headers.",
-    500: "The worker failed the request.",
+    500: "A worker failed the request (the message says which and why).",
     503: "No capacity now (queue full, no live worker, or draining): see `Retry-After`.",
 }
 
