@@ -131,6 +131,11 @@ class Settings(BaseSettings):
             limit = min(limit, self.num_kv_blocks * self.block_size)
         return limit
 
+    def vocab_size(self) -> int:
+        from engine.models.config import resolve_model_config  # torch-free
+
+        return resolve_model_config(self.model).vocab_size
+
     def engine_config(self) -> EngineConfig:
         """A worker's engine: every EngineConfig knob these settings name (FLEETLM_<knob>),
         with the context the API admits against."""
