@@ -51,6 +51,7 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
                 id=settings.model_name,
                 created=int(time.time()),
                 max_model_len=settings.resolved_max_model_len(),
+                vocab_size=settings.vocab_size(),
             ),
         )
         try:

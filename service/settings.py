@@ -147,6 +147,11 @@ class Settings(BaseSettings):
             return self.max_request_bytes
         return max(1024 * 1024, 32 * self.resolved_max_model_len())
 
+    def vocab_size(self) -> int:
+        from engine.models.config import resolve_model_config  # torch-free
+
+        return resolve_model_config(self.model).vocab_size
+
     def engine_config(self) -> EngineConfig:
         """A worker's engine: every EngineConfig knob these settings name (FLEETLM_<knob>),
         with the context the API admits against."""
