@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from redis.asyncio import Redis
 
-from api import errors
+from api import body_limits, errors, openapi
 from api import metrics as metrics_routes
 from api.auth import KeyVerifier
 from api.drain import Drain
@@ -60,9 +60,16 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
             await redis.aclose()
             db.dispose()
 
-    app = FastAPI(title="fleetlm", lifespan=lifespan)
+    app = FastAPI(
+        title="fleetlm",
+        description="OpenAI-compatible API: chat and text completions, files and batches.",
+        lifespan=lifespan,
+    )
     app.state.drain = Drain(settings.drain_delay_s, settings.drain_timeout_s)
     errors.install(app)
+    openapi.install(app, settings)
+    body_limits.install(app, settings)
+    app.add_middleware(metrics_routes.MetricsListenerGuard, settings=settings)
     app.include_router(metrics_routes.router)
     for module in (chat, completions, models, usage, admin, health, internal, engine_control):
         app.include_router(module.router)

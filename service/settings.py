@@ -46,6 +46,17 @@ class Settings(BaseSettings):
     relay_poll_s: float = 0.5  # how often a waiting relay checks its worker's heartbeat
     api_key_cache_s: float = 10.0  # how long a verified API key is trusted without a DB read
     limit_lease_s: float = 3600.0  # a concurrency slot not released by then frees itself
+    # Hostile-input bounds (docs/operations.md#limits). A request body over max_request_bytes is
+    # refused before parsing (None: 32 bytes per token of context, at least 1 MiB; uploads to
+    # /v1/files are bounded by file_max_bytes instead).
+    max_request_bytes: int | None = Field(None, gt=0)
+    header_timeout_s: float = Field(10.0, gt=0)  # request line + headers, from connect/last reply
+    body_timeout_s: float = Field(30.0, gt=0)  # a whole request body, from its headers
+    upload_timeout_s: float = Field(600.0, gt=0)  # ... of an upload to /v1/files
+    max_stop_chars: int = Field(1024, ge=1)  # each stop string (at most 4, as OpenAI's)
+    # A second listener that serves only GET /metrics, without a key, for the scraper (0: off;
+    # the API port's /metrics always needs an admin key).
+    metrics_port: int = Field(0, ge=0, le=65535)
 
     # -- metering --------------------------------------------------------------------------
     metering_batch_size: int = 500  # records per INSERT / transaction
@@ -130,6 +141,11 @@ class Settings(BaseSettings):
         if self.num_kv_blocks is not None:
             limit = min(limit, self.num_kv_blocks * self.block_size)
         return limit
+
+    def resolved_max_request_bytes(self) -> int:
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        return max(1024 * 1024, 32 * self.resolved_max_model_len())
 
     def vocab_size(self) -> int:
         from engine.models.config import resolve_model_config  # torch-free

@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import text
 
 from api.deps import State
@@ -13,9 +14,20 @@ from api.relay import live_workers
 router = APIRouter(tags=["health"])
 
 
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str  # ready | not ready | draining
+    redis: bool | None = None
+    database: bool | None = None
+    workers: int | None = None  # live workers
+
+
 @router.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health() -> Health:
+    return Health(status="ok")
 
 
 def database_ok(state: State) -> bool:
@@ -27,7 +39,11 @@ def database_ok(state: State) -> bool:
         return False
 
 
-@router.get("/ready")
+@router.get(
+    "/ready",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready, or draining."}},
+)
 async def ready(
     state: State, request: Request, database: Annotated[bool, Depends(database_ok)]
 ) -> JSONResponse:
