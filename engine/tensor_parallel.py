@@ -70,9 +70,13 @@ class TensorParallel:
             return x
         import torch.distributed as dist
 
-        out = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous(), group=self.device_group)
-        return out.movedim(0, 1).reshape(x.shape[0], -1)  # [rows, size, n] → [rows, size*n]
+        rows, n = x.shape
+        out = torch.empty((self.size * rows, n), dtype=x.dtype, device=x.device)
+        # all_gather_single (torch >= 2.13) is all_gather_into_tensor's new name
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, x.contiguous(), group=self.device_group)
+        # [size * rows, n] (rank blocks stacked) → [rows, size * n]
+        return out.view(self.size, rows, n).movedim(0, 1).reshape(rows, self.size * n)
 
     def min_int(self, n: int) -> int:
         """The smallest of every rank's n (each rank sizes its own KV pool; all must agree)."""

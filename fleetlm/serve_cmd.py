@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetlm.worker_cmd import add_engine_flags, engine_flag_values
+
 if TYPE_CHECKING:
     from service.settings import Settings
 
@@ -29,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory or preset name")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
-    p.add_argument("--workers", type=int, default=None, help="default: one per visible GPU, or 1")
+    p.add_argument("--workers", type=int, default=None,
+                   help="default: one per tensor-parallel group of visible GPUs, or 1")  # fmt: skip
+    add_engine_flags(p)
     p.set_defaults(func=run)
 
 
@@ -113,6 +117,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     from service.settings import Settings
 
     flags = {"model": args.model, "host": args.host, "port": args.port, "data_dir": args.data_dir}
+    flags |= engine_flag_values(args)
     return Settings(**{k: v for k, v in flags.items() if v is not None})
 
 
@@ -141,14 +146,16 @@ def _children(args: argparse.Namespace, settings: Settings, env: dict[str, str])
     """The API first, then the workers, Celery, and the metering writer last: children stop in
     this order (the API drains while the workers still run; the writer writes what they
     metered)."""
+    from workers.tp_group import visible_devices, worker_gpu_groups
+
     cli = [sys.executable, "-m", "fleetlm.cli"]
     children = [Child("api", [*cli, "api"], env)]
-    num_gpus = count_gpus()
-    num_workers = args.workers if args.workers is not None else max(1, num_gpus)
-    for i in range(num_workers):
+    # A worker is a tensor-parallel group: rank 0's process, which starts the other ranks.
+    groups = worker_gpu_groups(count_gpus(), settings.tensor_parallel_size, args.workers)
+    for i, gpus in enumerate(groups):
         worker_env = dict(env)
-        if num_gpus:
-            worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
+        if gpus:
+            worker_env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpus)
         if settings.worker_metrics_port:
             worker_env["FLEETLM_WORKER_METRICS_PORT"] = str(settings.worker_metrics_port + i)
         children.append(Child(f"worker-{i}", [*cli, "worker"], worker_env))
@@ -206,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
             FLEETLM_PORT=str(settings.port),
             FLEETLM_DATA_DIR=str(data_dir),
         )
+        env.update({f"FLEETLM_{k.upper()}": str(v) for k, v in engine_flag_values(args).items()})
         children = _children(args, settings, env)
         for child in children:
             child.start()

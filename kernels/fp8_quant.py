@@ -53,9 +53,11 @@ def round_to_e4m3(x, ROUND_IN_FP32: tl.constexpr):
         exponent = ((bits >> 23) & 0xFF) - 127  # unbiased float32 exponent
         exponent = tl.maximum(exponent, -6)  # e4m3 subnormals share the quantum 2^-9
         quantum = tl.exp2((exponent - 3).to(tl.float32))  # 3 mantissa bits
-        y = x / quantum  # exact: quantum is a power of two; |y| < 16
+        y = tl.abs(x) / quantum  # exact: quantum is a power of two; y < 16
         y = (y + 12582912.0) - 12582912.0  # 1.5 * 2^23: float32 round to nearest even
-        x = y * quantum
+        # the sign bit, times -1.0 (unary minus is 0 - x): -0.0 and values rounding to zero
+        # from below stay -0.0, as torch's conversion gives
+        x = tl.where(bits < 0, y * quantum * -1.0, y * quantum)
     return x
 
 
