@@ -9,7 +9,15 @@ from kernels.fp8_quant import FP8_DTYPE
 from kernels.paged_decode_attention import paged_decode_attention, paged_decode_attention_ref
 from kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from kernels.store_kv import store_kv, store_kv_ref, to_cache_dtype
-from tests.kernels.kernel_test_utils import assert_close, gen, int_tensor, nan_like, paged_kv, randn
+from tests.kernels.kernel_test_utils import (
+    assert_close,
+    assert_same_e4m3,
+    gen,
+    int_tensor,
+    nan_like,
+    paged_kv,
+    randn,
+)
 
 K_SCALE, V_SCALE = 0.5, 2.0
 
@@ -35,8 +43,8 @@ def test_store_kv_quantizes_like_the_reference(dtype):
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     store_kv_ref(key.to(dtype), value.to(dtype), k_ref, v_ref, slots, K_SCALE, V_SCALE)
     store_kv(key.to(dtype), value.to(dtype), k_cache, v_cache, slots, K_SCALE, V_SCALE)
-    assert torch.equal(k_cache.view(torch.uint8), k_ref.view(torch.uint8))
-    assert torch.equal(v_cache.view(torch.uint8), v_ref.view(torch.uint8))
+    assert_same_e4m3(k_cache, k_ref)
+    assert_same_e4m3(v_cache, v_ref)
     assert k_cache.float().abs().max().item() == 448.0  # saturated, not NaN
     assert not k_cache.float().isnan().any()
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, quantize_fp8, quantize_fp8_ref
-from tests.kernels.kernel_test_utils import DEVICE, gen, randn
+from tests.kernels.kernel_test_utils import DEVICE, assert_same_e4m3, gen, randn
 
 
 def _rows(num_rows: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -21,8 +21,7 @@ def _assert_same(actual, expected):
     q, scale = actual
     q_ref, scale_ref = expected
     assert q.dtype == FP8_DTYPE and scale.shape == (q.shape[0], 1)
-    # bit for bit (NaN would compare unequal as floats)
-    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert_same_e4m3(q, q_ref)
     torch.testing.assert_close(scale, scale_ref, rtol=1e-6, atol=0)
 
 
