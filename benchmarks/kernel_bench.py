@@ -441,32 +441,38 @@ class Bench:
 
         print(f"-- memory-bound kernels, {self.dtype}")
         for T in token_counts:
-            # store_kv: T new tokens into random slots of a cache
-            case = Case("store_kv", {"T": T, "Hkv": Hkv, "D": D, "dtype": str(self.dtype)})
-
-            def body_kv(case: Case, T=T) -> None:
-                num_blocks = triton_cdiv(T, bs) * 2
-                k_cache = self.randn(num_blocks, bs, Hkv, D)
-                v_cache = self.randn(num_blocks, bs, Hkv, D)
-                key, value = self.randn(T, Hkv, D), self.randn(T, Hkv, D)
-                slots = torch.randperm(num_blocks * bs, device=self.device, generator=self.gen)
-                slots = slots[:T].contiguous()
-                k_ref, v_ref = k_cache.clone(), v_cache.clone()
-                self.kv.store_kv(key, value, k_cache, v_cache, slots)
-                self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
-                case.check = rel_error(torch.cat([k_cache, v_cache]), torch.cat([k_ref, v_ref]),
-                                       self.dtype)  # fmt: skip
-                case.work = 2 * 2 * key.numel() * elt + slots.numel() * 8  # read + write K, V
-                case.peak = self.copy_gbps
-                case.triton_ms = self.time_ms(
-                    lambda: self.kv.store_kv(key, value, k_cache, v_cache, slots)
-                )
-                case.torch_impl = "store_kv_ref"
-                case.torch_ms = self.time_ms(
-                    lambda: self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
+            # store_kv: T new tokens into random slots of a cache (bf16, and e4m3: FP8 KV)
+            for cache_dtype in (self.dtype, torch.float8_e4m3fn):
+                fp8 = cache_dtype == torch.float8_e4m3fn
+                case = Case(
+                    "store_kv" + ("[e4m3]" if fp8 else ""),
+                    {"T": T, "Hkv": Hkv, "D": D, "dtype": str(self.dtype)},
                 )
 
-            self.run_case(case, body_kv)
+                def body_kv(case: Case, T=T, cache_dtype=cache_dtype) -> None:
+                    num_blocks = triton_cdiv(T, bs) * 2
+                    k_cache = self.randn(num_blocks, bs, Hkv, D).to(cache_dtype)
+                    v_cache = self.randn(num_blocks, bs, Hkv, D).to(cache_dtype)
+                    key, value = self.randn(T, Hkv, D), self.randn(T, Hkv, D)
+                    slots = torch.randperm(num_blocks * bs, device=self.device, generator=self.gen)
+                    slots = slots[:T].contiguous()
+                    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+                    self.kv.store_kv(key, value, k_cache, v_cache, slots)
+                    self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
+                    got, want = torch.cat([k_cache, v_cache]), torch.cat([k_ref, v_ref])
+                    case.check = rel_error(got.float(), want.float(), self.dtype)
+                    # read K, V in the model dtype, write them in the cache's
+                    case.work = 2 * key.numel() * (elt + k_cache.element_size()) + T * 8
+                    case.peak = self.copy_gbps
+                    case.triton_ms = self.time_ms(
+                        lambda: self.kv.store_kv(key, value, k_cache, v_cache, slots)
+                    )
+                    case.torch_impl = "store_kv_ref"
+                    case.torch_ms = self.time_ms(
+                        lambda: self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
+                    )
+
+                self.run_case(case, body_kv)
 
             # rms_norm with and without the fused residual add
             for fused in (True, False):
@@ -536,9 +542,9 @@ class Bench:
 
     # -- FP8: activation quantization, the e4m3 KV cache, the FP8 linear ----------------------
     def bench_fp8(self) -> None:
-        """Per-token e4m3 quantization (every FP8 linear's input), K/V stores into and decode
-        attention over an e4m3 cache (compare with the bf16 `store_kv` / `decode` rows), and the
-        FP8 linear (quantize + torch._scaled_mm) against a bf16 matmul of the same shape."""
+        """Per-token e4m3 quantization (every FP8 linear's input), decode attention over an e4m3
+        cache (compare with the bf16 `decode` rows; stores into it are in `elementwise`), and
+        the FP8 linear (quantize + torch._scaled_mm) against a bf16 matmul of the same shape."""
         from engine.models.fp8 import fp8_linear, fp8_matmul_ref, quantize_weight
 
         fp8 = torch.float8_e4m3fn
@@ -592,33 +598,6 @@ class Bench:
                 case.note = "triton column: quantize_fp8 + torch._scaled_mm (CUDA sm89+)"
 
             self.run_case(case, body_linear)
-
-            case = Case("store_kv[e4m3]", {"T": T, "Hkv": Hkv, "D": D, "dtype": str(self.dtype)})
-
-            def body_store(case: Case, T=T) -> None:
-                num_blocks = triton_cdiv(T, bs) * 2
-                k_cache = torch.zeros(num_blocks, bs, Hkv, D, dtype=fp8, device=self.device)
-                v_cache = torch.zeros_like(k_cache)
-                key, value = self.randn(T, Hkv, D), self.randn(T, Hkv, D)
-                slots = torch.randperm(num_blocks * bs, device=self.device, generator=self.gen)
-                slots = slots[:T].contiguous()
-                k_ref, v_ref = k_cache.clone(), v_cache.clone()
-                self.kv.store_kv(key, value, k_cache, v_cache, slots)
-                self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
-                case.check = rel_error(torch.cat([k_cache, v_cache]).float(),
-                                       torch.cat([k_ref, v_ref]).float(), self.dtype)  # fmt: skip
-                elt = key.element_size()
-                case.work = 2 * key.numel() * (elt + 1) + slots.numel() * 8  # read bf16, write e4m3
-                case.peak = self.copy_gbps
-                case.triton_ms = self.time_ms(
-                    lambda: self.kv.store_kv(key, value, k_cache, v_cache, slots)
-                )
-                case.torch_impl = "store_kv_ref"
-                case.torch_ms = self.time_ms(
-                    lambda: self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
-                )
-
-            self.run_case(case, body_store)
 
         case = Case(
             "paged_decode_attention[e4m3]",

@@ -97,8 +97,7 @@ class LLMEngine:
         if followers is None:
             return
         if getattr(self, "runner", None) is not None:
-            self.runner.stop_followers()
-            followers.stop()
+            followers.stop(release=self.runner.stop_followers)
         else:  # the group never finished starting
             followers.kill()
         self.tp.close()

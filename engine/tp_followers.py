@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -75,10 +76,12 @@ class Followers:
                     os._exit(70)
             time.sleep(0.2)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """After rank 0 broadcast the stop: wait for every follower to leave."""
+    def stop(self, release: Callable[[], None], timeout_s: float = 30.0) -> None:
+        """`release` tells the followers to leave their loop (rank 0's last broadcast); then
+        wait for them. Marked closing first: their exits are expected from here on."""
         self.closing = True
         atexit.unregister(self.kill)
+        release()
         deadline = time.monotonic() + timeout_s
         for proc in self.procs:
             try:
