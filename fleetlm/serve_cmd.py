@@ -151,7 +151,10 @@ def _children(args: argparse.Namespace, settings: Settings, env: dict[str, str])
     cli = [sys.executable, "-m", "fleetlm.cli"]
     children = [Child("api", [*cli, "api"], env)]
     # A worker is a tensor-parallel group: rank 0's process, which starts the other ranks.
-    groups = worker_gpu_groups(count_gpus(), settings.tensor_parallel_size, args.workers)
+    try:
+        groups = worker_gpu_groups(count_gpus(), settings.tensor_parallel_size, args.workers)
+    except ValueError as exc:
+        raise SystemExit(f"fleetlm serve: {exc}") from None
     for i, gpus in enumerate(groups):
         worker_env = dict(env)
         if gpus:

@@ -13,7 +13,7 @@ def worker_gpu_groups(num_gpus: int, tp_size: int, num_workers: int | None) -> l
     if tp_size < 1:
         raise ValueError("tensor_parallel_size must be >= 1")
     if num_gpus == 0:
-        return [[] for _ in range(num_workers or 1)]
+        return [[] for _ in range(1 if num_workers is None else num_workers)]
     if tp_size > num_gpus:
         raise ValueError(f"tensor_parallel_size {tp_size} needs {tp_size} GPUs; {num_gpus} visible")
     count = num_workers if num_workers is not None else num_gpus // tp_size

@@ -1,5 +1,5 @@
 # FP8 linear math: per-output-channel weight quantization (at load) and the FP8 matmul of a
-# layer's forward. On Hopper (and Ada) the matmul is torch._scaled_mm over e4m3 operands with
+# layer's forward. On Hopper the matmul is torch._scaled_mm over e4m3 operands with
 # float32 accumulation and row-wise scales; elsewhere (the CPU, fp32 models, shapes cuBLAS
 # rejects) fp8_matmul_ref computes the same thing on dequantized values, so CI runs every step
 # up to the matmul itself:
@@ -52,18 +52,20 @@ def fp8_matmul_ref(
 
 
 @functools.cache
-def _has_fp8_tensor_cores(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+def _has_rowwise_fp8(device_index: int) -> bool:
+    # Row-wise scaled FP8 GEMMs (torch's CUTLASS kernel) need sm90; Ada's FP8 tensor cores
+    # take only per-tensor scales there, so Ada runs the reference path.
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 def uses_scaled_mm(x: torch.Tensor, w_q: torch.Tensor) -> bool:
-    """torch._scaled_mm with row-wise scales: CUDA with FP8 tensor cores, bf16 output, both
-    matrix dimensions multiples of 16."""
+    """torch._scaled_mm with row-wise scales: Hopper or newer, bf16 output, both weight
+    dimensions multiples of 16."""
     if not x.is_cuda or x.dtype != torch.bfloat16:
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     n, k = w_q.shape
-    return _has_fp8_tensor_cores(index) and n % 16 == 0 and k % 16 == 0
+    return _has_rowwise_fp8(index) and n % 16 == 0 and k % 16 == 0
 
 
 def fp8_linear(

@@ -17,8 +17,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
 def test_scaled_mm_matches_its_torch_twin():
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("no FP8 tensor cores (needs Ada or Hopper)")
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("row-wise FP8 GEMMs need Hopper")
     torch.manual_seed(0)
     x = torch.randn(77, 4096, device="cuda", dtype=torch.bfloat16)
     w_q, w_scale = quantize_weight(torch.randn(1024, 4096, device="cuda") * 0.02)

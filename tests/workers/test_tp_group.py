@@ -59,6 +59,7 @@ def test_serve_gives_each_group_its_gpus():
     assert worker_gpu_groups(2, 1, None) == [[0], [1]]
     assert worker_gpu_groups(2, 2, 2) == [[0, 1], [0, 1]]  # explicit --workers share GPUs
     assert worker_gpu_groups(0, 2, None) == [[]]  # no GPU: one CPU worker, ranks on the CPU
+    assert worker_gpu_groups(0, 1, 0) == worker_gpu_groups(4, 2, 0) == []  # --workers 0
     with pytest.raises(ValueError, match="needs 4 GPUs"):
         worker_gpu_groups(2, 4, None)
     assert visible_devices([2, 3]) == "2,3"
