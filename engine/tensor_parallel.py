@@ -26,11 +26,6 @@ class TensorParallel:
     device_group: Any = None
     cpu_group: Any = None
 
-    @property
-    def is_driver(self) -> bool:
-        """Rank 0: runs the scheduler and samples; the others follow its steps."""
-        return self.rank == 0
-
     # -- which slice this rank holds -----------------------------------------------------
 
     def split(self, total: int, what: str) -> tuple[int, int]:

@@ -22,6 +22,12 @@ E4M3_MAX = 448.0  # largest finite e4m3fn value
 MIN_SCALE = 1e-12 / E4M3_MAX  # an all-zero row still gets a positive scale
 
 
+def kv_scales(cache_dtype: torch.dtype, k_scale: float, v_scale: float) -> tuple[float, float]:
+    """The scales a KV cache's reader applies: an e4m3 cache's; a float cache stores K and V as
+    they are, whatever scales the layer carries."""
+    return (float(k_scale), float(v_scale)) if cache_dtype == FP8_DTYPE else (1.0, 1.0)
+
+
 def quantize_fp8_ref(
     x: torch.Tensor, scale: torch.Tensor | None = None, scale_ub: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:

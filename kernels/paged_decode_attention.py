@@ -5,7 +5,8 @@
 #   block_tables:    [num_seqs, max_blocks_per_seq] int32
 #   seq_lens:        [num_seqs] int32, keys per sequence including the current token; a padded
 #                    CUDA-graph row has seq_len 0 and its output is ignored (must not fault)
-#   k_scale/v_scale: host floats; an FP8 (e4m3) cache holds K / k_scale and V / v_scale
+#   k_scale/v_scale: host floats; an FP8 (e4m3) cache holds K / k_scale and V / v_scale (a
+#                    float cache ignores them)
 #
 # Triton version (`paged_decode_attention`): split-KV "flash decoding", GQA-aware.
 #   * one program per (sequence, KV head, split); the query heads of that KV head's group are the
@@ -29,6 +30,7 @@ from kernels._launch import (
     num_sms,
     output_buffer,
 )
+from kernels.fp8_quant import kv_scales
 
 
 def paged_decode_attention_ref(
@@ -45,6 +47,7 @@ def paged_decode_attention_ref(
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     if out is None:
         out = torch.empty_like(q)
     max_len = int(seq_lens.max().item()) if num_seqs else 0
@@ -354,6 +357,7 @@ def paged_decode_attention(
     check_launchable(q)
 
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     BLOCK_G = max(16, next_power_of_2(group))
     BLOCK_N = BLOCK_N_DEFAULT if head_dim <= 128 else 32
     upcast, precision = dot_config(q.dtype)

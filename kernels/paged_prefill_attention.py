@@ -5,7 +5,8 @@
 #   block_tables:    [num_seqs, max_blocks_per_seq] int32
 #   seq_lens:        [num_seqs] int32, keys of each sequence after this step (cached + chunk)
 #   query_start_loc: [num_seqs + 1] int32, cumulative query lengths
-#   k_scale/v_scale: host floats; an FP8 (e4m3) cache holds K / k_scale and V / v_scale
+#   k_scale/v_scale: host floats; an FP8 (e4m3) cache holds K / k_scale and V / v_scale (a
+#                    float cache ignores them)
 # Query j of sequence i (0-based in its chunk) sits at position seq_len - q_len + j and sees
 # keys 0 ..= that position. Decode is the q_len == 1 case; speculative verification is q_len > 1.
 #
@@ -30,6 +31,7 @@ from kernels._launch import (
     host_int,
     output_buffer,
 )
+from kernels.fp8_quant import kv_scales
 
 
 def paged_prefill_attention_ref(
@@ -48,6 +50,7 @@ def paged_prefill_attention_ref(
     num_heads = q.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     if out is None:
         out = torch.empty_like(q)
     starts = query_start_loc.tolist()
@@ -300,6 +303,7 @@ def paged_prefill_attention(
     check_launchable(q)
 
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     rows = max_query_len * group  # (query, group head) rows of the longest chunk
     upcast, precision = dot_config(q.dtype)
     big_tile = q.dtype != torch.float32 and head_dim <= 128

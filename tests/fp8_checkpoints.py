@@ -4,7 +4,8 @@
 #                         dynamic per-token activations (activation_scale_ub), and
 #                         modules_to_not_convert kept in the original dtype.
 #   "compressed-tensors"  per-tensor weight_scale [1] and a static per-tensor input_scale [1],
-#                         calibrated on a prompt as the publishing tools do.
+#                         calibrated on a prompt as the publishing tools do; k_scale / v_scale
+#                         of an FP8 KV-cache scheme beside each attention.
 #   "fp8"                 the older AutoFP8 layout of the same static per-tensor tensors.
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def write_fp8_checkpoint(
             out[name] = (w.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
             out[f"{module}.weight_scale"] = scale.reshape(1)
             out[f"{module}.input_scale"] = (input_amax[module] / E4M3_MAX).reshape(1)
+            if module.endswith("k_proj"):  # an FP8 KV-cache scheme's per-layer scales
+                attn = module.removesuffix(".k_proj")
+                out[f"{attn}.k_scale"] = torch.tensor(0.5)
+                out[f"{attn}.v_scale"] = torch.tensor(0.25)
     save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = _quantization_config(fmt, skip)

@@ -27,18 +27,7 @@ Reader = Callable[[slice | None, slice | None], torch.Tensor]
 @dataclass(frozen=True, slots=True)
 class Source:
     shape: tuple[int, ...]
-    dtype: torch.dtype
     read: Reader
-
-    @classmethod
-    def of(cls, t: torch.Tensor) -> Source:
-        """A source over a tensor already in memory (tests, fused checkpoints)."""
-
-        def read(rows, cols):
-            out = t if rows is None else t[rows]
-            return out if cols is None else out[:, cols]
-
-        return cls(tuple(t.shape), t.dtype, read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +61,7 @@ class Linear(nn.Module):
             self.weight_scale = nn.Parameter(torch.empty(out_features, dtype=torch.float32))
             if fp8.static_input_scales:
                 # The largest of the fused shards' input scales (they see the same input).
-                self.input_scale = nn.Parameter(torch.zeros(1, dtype=torch.float32))
+                self.input_scale = nn.Parameter(torch.empty(1, dtype=torch.float32))
         self.loaded: set[tuple[str, int]] = set()  # (attribute, shard) filled so far
         self._fp8_shards: set[int] = set()  # shards whose e4m3 weights need a weight_scale
 
@@ -113,7 +102,10 @@ class Linear(nn.Module):
             else:
                 self.weight_scale[local].copy_(scale[self.scale_rows(shard)])
         elif attr == "input_scale" and self.input_scale is not None:
-            self.input_scale.copy_(torch.maximum(self.input_scale, src.read(None, None).float()))
+            scale = src.read(None, None).float().reshape(1)
+            if any(a == "input_scale" for a, _ in self.loaded):  # the shards' largest
+                scale = torch.maximum(self.input_scale, scale)
+            self.input_scale.copy_(scale)
         elif attr == "input_scale_ub" and self.fp8 is not None:
             pass  # the config's activation_scale_ub says the same
         else:

@@ -18,11 +18,6 @@ from engine.models.llama import LlamaAttention, LlamaForCausalLM
 from engine.models.quant_config import Fp8Scheme
 from engine.tensor_parallel import SINGLE, TensorParallel
 
-# safetensors dtype names → torch
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8,
-}  # fmt: skip
 # Checkpoint tensors that fleetlm does not use.
 # (output_scale / kv_scale: older FP8 KV-cache scales; the FP8 KV cache uses k_scale/v_scale.)
 _UNUSED = ("rotary_emb", "weight_zero_point", "input_zero_point", "output_scale", "kv_scale")
@@ -152,7 +147,7 @@ def _source(f, name: str) -> Source:
             return sl[rows]
         return sl[rows, cols if cols is not None else slice(None)]
 
-    return Source(shape, _DTYPES.get(sl.get_dtype(), torch.float32), read)
+    return Source(shape, read)
 
 
 def _copy_whole(module: torch.nn.Module, attr: str, tensor: torch.Tensor, hf_name: str) -> None:

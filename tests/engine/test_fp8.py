@@ -182,6 +182,7 @@ def test_static_per_tensor_checkpoint_loads(llama_dir, tmp_path, fmt):
     assert torch.equal(
         attn.o_proj.weight.view(torch.uint8), tensors[f"{p}.o_proj.weight"].view(torch.uint8)
     )
+    assert (attn.k_scale, attn.v_scale) == (0.5, 0.25)  # used by an FP8 KV cache only
     # static activation scales, then the same near-tie bound as load-time quantization
     ids = list(range(3, 160))
     exact = teacher_forced_logits(_llm(src), ids)

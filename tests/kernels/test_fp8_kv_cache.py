@@ -112,3 +112,19 @@ def test_attention_over_fp8_cache_stays_close_to_float32():
     )
     rel = (approx - exact).norm() / exact.norm()
     assert 0 < rel < 0.05
+
+
+def test_a_float_cache_ignores_the_scales():
+    # Scales describe how an e4m3 cache stores K and V; a bf16/fp32 cache holds them as they are.
+    g = gen(71)
+    k, v, tables = paged_kv([33, 5], num_kv_heads=2, head_dim=64, block_size=16,
+                            dtype=torch.float32, g=g)  # fmt: skip
+    q = randn(2, 4, 64, g=g)
+    lens = int_tensor([33, 5])
+    plain = paged_decode_attention(q, k, v, tables, lens, 0.125, max_seq_len=33)
+    scaled = paged_decode_attention(
+        q, k, v, tables, lens, 0.125, max_seq_len=33, k_scale=K_SCALE, v_scale=V_SCALE
+    )
+    assert torch.equal(plain, scaled)
+    ref = paged_decode_attention_ref(q, k, v, tables, lens, 0.125, k_scale=K_SCALE, v_scale=V_SCALE)
+    assert_close(scaled, ref, torch.float32)
