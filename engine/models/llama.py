@@ -4,10 +4,11 @@
 # Tensor parallel (tensor_parallel.py): each rank holds its query heads, its KV heads (copied
 # when there are more ranks than KV heads), its slice of the MLP and of the vocabulary; o_proj
 # and down_proj end in one all-reduce each. The model's `config` is this rank's shape (local
-# head counts and MLP width, the full vocabulary); `full_config` the checkpoint's.
+# head counts and MLP width, the full vocabulary).
 # FP8 (quant_config.py): the four projections of every layer may hold e4m3 weights.
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -20,6 +21,9 @@ from engine.models.linear import ColumnParallelLinear, RowParallelLinear
 from engine.models.quant_config import Fp8Scheme
 from engine.models.vocab_parallel import VocabParallelEmbedding
 from engine.tensor_parallel import SINGLE, TensorParallel
+
+# (HF module prefix, its HF part names) → the FP8 scheme of the layer holding them, or None.
+Fp8For = Callable[..., Fp8Scheme | None]
 
 
 class RMSNorm(nn.Module):
@@ -34,7 +38,7 @@ class RMSNorm(nn.Module):
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8, prefix: str
+        self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8: Fp8For, prefix: str
     ) -> None:
         super().__init__()
         d = self.head_dim = config.head_dim
@@ -54,7 +58,8 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
-        # FP8 KV cache: stored = K / k_scale, V / v_scale (checkpoint k_scale/v_scale, else 1).
+        # An FP8 KV cache stores K / k_scale and V / v_scale (the checkpoint's, else 1; a float
+        # cache ignores them).
         self.k_scale = 1.0
         self.v_scale = 1.0
 
@@ -92,7 +97,7 @@ class LlamaAttention(nn.Module):
 
 class LlamaMLP(nn.Module):
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8, prefix: str
+        self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8: Fp8For, prefix: str
     ) -> None:
         super().__init__()
         cols = tp.split(config.intermediate_size, "intermediate_size")
@@ -109,7 +114,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8, i: int):
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8: Fp8For, i: int
+    ):
         super().__init__()
         self.self_attn = LlamaAttention(config, dtype, tp, fp8, f"model.layers.{i}.self_attn")
         self.mlp = LlamaMLP(config, dtype, tp, fp8, f"model.layers.{i}.mlp")
@@ -139,7 +146,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8: Fp8For):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype, tp)
         self.layers = nn.ModuleList(
@@ -166,8 +173,6 @@ class LlamaForCausalLM(nn.Module):
         fp8: Fp8Scheme | None = None,
     ):
         super().__init__()
-        self.full_config = config
-        self.tp = tp
 
         def fp8_for(prefix: str, *parts: str) -> Fp8Scheme | None:
             # A fused projection stays in the model dtype only if every part is skipped.
