@@ -20,6 +20,14 @@ class EngineConfig:
     max_preemptions: int = 8
     seed: int = 0  # dummy-weight initialisation and unseeded sampling
     use_cuda_graphs: bool = True
+    # FP8 (docs/serving.md#fp8-and-tensor-parallelism). quantization="fp8": e4m3 weights with
+    # per-output-channel scales, activations quantized per token (a pre-quantized FP8
+    # checkpoint runs in FP8 without it). kv_cache_dtype="fp8": an e4m3 KV cache, twice the
+    # tokens in the same memory ("auto": the model dtype).
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    # Tensor parallelism: this many processes (ranks, one GPU each), rank 0 in the caller's.
+    tensor_parallel_size: int = 1
     # Steps with prompt chunks up to this many tokens run as per-layer CUDA graph pieces around
     # eager attention (piecewise_graphs.py); off until measured on the GPU.
     use_piecewise_graphs: bool = False
@@ -60,6 +68,20 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"quantization must be None or 'fp8', got {self.quantization!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be >= 1")
+        if self.tensor_parallel_size > 1:
+            if self.device not in ("auto", "cuda", "cpu"):
+                raise ValueError(
+                    "with tensor_parallel_size > 1 the device is 'auto', 'cuda' or 'cpu' "
+                    f"(rank r runs on cuda:r), got {self.device!r}"
+                )
+            if self.speculative_method == "draft":
+                raise ValueError("a draft model is not supported with tensor_parallel_size > 1")
         if self.speculative_method not in (None, "ngram", "draft"):
             raise ValueError(
                 f"speculative_method must be None, 'ngram' or 'draft', "

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.model_runner import ModelRunner
-from engine.models.config import PRESETS, resolve_model_config
+from engine.models.config import resolve_model_config
 from engine.outputs import EngineStats, RequestDelta, RequestUsage
 from engine.request import Priority, Request
+from engine.runner_setup import build_runner, resolve_device, resolve_dtype
 from engine.sampler import HostCopy
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -24,27 +21,7 @@ from engine.spec_policy import Speculator
 from engine.step_cost import PrefillPolicy
 from engine.step_trace import StepTrace
 from engine.tokenizer import Tokenizer
-
-_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cpu":
-        return torch.float32  # bf16 matmuls on the CPU are slow and not what tests compare
-    return _DTYPES.get(checkpoint_dtype, torch.bfloat16)
+from engine.tp_followers import start_tensor_parallel
 
 
 @dataclass(slots=True)
@@ -66,8 +43,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None = None) -> None:
         self.config = config
         self.model_config = resolve_model_config(config.model)
-        checkpoint = None if str(config.model) in PRESETS else Path(config.model)
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(config.device, 0, config.tensor_parallel_size)
         self.dtype = resolve_dtype(config.dtype, self.model_config.dtype, self.device)
         self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.for_model(config.model)
         eos = tuple(
@@ -75,25 +51,16 @@ class LLMEngine:
         )
         self.eos_token_ids = eos
 
-        rope_len = config.max_model_len or self.model_config.max_position_embeddings
-        window = self.model_config.sliding_window
-        if window is not None and rope_len > window:
-            if config.max_model_len is not None:
-                raise ValueError(
-                    f"max_model_len {config.max_model_len} exceeds the model's sliding window "
-                    f"({window}); fleetlm attends over full contexts, exact only within it"
-                )
-            rope_len = window
-        self.runner = ModelRunner(
-            config, self.model_config, self.device, self.dtype, rope_len, checkpoint
-        )
+        # Tensor parallel: this process is rank 0; the other ranks start here and follow.
+        self.tp, self._followers = start_tensor_parallel(config, self.device)
+        try:
+            self.runner = build_runner(config, self.model_config, self.device, self.dtype, self.tp)
+        except BaseException:
+            self.shutdown()
+            raise
         self.runner.eos_token_ids = eos
         num_blocks = self.runner.num_blocks
-        # Without an explicit limit, a request must fit the pool on its own.
-        self.max_model_len = config.max_model_len or min(rope_len, num_blocks * config.block_size)
-        self.runner.max_model_len = self.max_model_len
-        if self.device.type == "cuda" and config.use_cuda_graphs:
-            self.runner.capture_graphs(config.max_num_seqs)
+        self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -123,6 +90,17 @@ class LLMEngine:
         self.step_trace: StepTrace | None = None  # enable_step_trace() turns recording on
         self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
         self._in_flight = False  # between begin_step and finish_step
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel followers (nothing to do with one rank); idempotent."""
+        followers, self._followers = self._followers, None
+        if followers is None:
+            return
+        if getattr(self, "runner", None) is not None:
+            followers.stop(release=self.runner.stop_followers)
+        else:  # the group never finished starting
+            followers.kill()
+        self.tp.close()
 
     def enable_step_trace(
         self, capacity: int = 1 << 18, extra_fields: tuple[str, ...] = ()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetlm.worker_cmd import add_engine_flags, engine_flag_values
+
 if TYPE_CHECKING:
     from service.settings import Settings
 
@@ -29,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory or preset name")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
-    p.add_argument("--workers", type=int, default=None, help="default: one per visible GPU, or 1")
+    p.add_argument("--workers", type=int, default=None,
+                   help="default: one per tensor-parallel group of visible GPUs, or 1")  # fmt: skip
+    add_engine_flags(p)
     p.set_defaults(func=run)
 
 
@@ -113,6 +117,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     from service.settings import Settings
 
     flags = {"model": args.model, "host": args.host, "port": args.port, "data_dir": args.data_dir}
+    flags |= engine_flag_values(args)
     return Settings(**{k: v for k, v in flags.items() if v is not None})
 
 
@@ -155,19 +160,29 @@ def _children(
     """The API first, then the workers, Celery, and the metering writer last: children stop in
     this order (the API drains while the workers still run; the writer writes what they
     metered). Also says what the workers run on."""
+    from workers.tp_group import visible_devices, worker_gpu_groups
+
     cli = [sys.executable, "-m", "fleetlm.cli"]
     children = [Child("api", [*cli, "api"], env)]
     num_gpus = count_gpus()
-    num_workers = args.workers if args.workers is not None else max(1, num_gpus)
+    # A worker is a tensor-parallel group: rank 0's process, which starts the other ranks.
+    try:
+        groups = worker_gpu_groups(num_gpus, settings.tensor_parallel_size, args.workers)
+    except ValueError as exc:
+        raise SystemExit(f"fleetlm serve: {exc}") from None
+    num_workers = len(groups)
     on_cpu = settings.device == "cpu" or (settings.device == "auto" and not num_gpus)
-    threads, why = cpu_torch_threads(settings, num_workers) if on_cpu else (0, "")
+    processes = num_workers * settings.tensor_parallel_size  # every rank is a process
+    threads, why = cpu_torch_threads(settings, processes) if on_cpu else (0, "")
     workers = f"{num_workers} {'CPU' if on_cpu else 'GPU'} worker(s)"
+    if settings.tensor_parallel_size > 1:
+        workers += f" of {settings.tensor_parallel_size} ranks"
     if on_cpu and num_workers:
         workers += f", {threads} torch thread(s) each ({why})"
-    for i in range(num_workers):
+    for i, gpus in enumerate(groups):
         worker_env = dict(env)
-        if num_gpus:
-            worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
+        if gpus:
+            worker_env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpus)
         if on_cpu:
             worker_env["FLEETLM_TORCH_THREADS"] = str(threads)
         if settings.worker_metrics_port:
@@ -227,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
             FLEETLM_PORT=str(settings.port),
             FLEETLM_DATA_DIR=str(data_dir),
         )
+        env.update({f"FLEETLM_{k.upper()}": str(v) for k, v in engine_flag_values(args).items()})
         children, workers = _children(args, settings, env)
         for child in children:
             child.start()

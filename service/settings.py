@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     speculative_method: Literal["ngram", "draft"] | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
+    # FP8 and tensor parallelism (docs/serving.md#fp8-and-tensor-parallelism): e4m3 weights,
+    # an e4m3 KV cache, and workers that are groups of this many GPUs (one process per GPU,
+    # rank 0 speaks to Redis).
+    quantization: Literal["fp8"] | None = None
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    tensor_parallel_size: int = Field(1, ge=1)
     use_piecewise_graphs: bool = False  # CUDA graph pieces for steps with prompt chunks
     piecewise_max_tokens: int = 2048
     # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
