@@ -13,7 +13,7 @@ def _workers(monkeypatch, num_gpus: int, argv: list[str]):
     monkeypatch.setattr(serve_cmd, "count_gpus", lambda: num_gpus)
     args = build_parser("serve").parse_args(["serve", *argv])
     settings = Settings(_env_file=None, **serve_cmd.engine_flag_values(args))
-    children = serve_cmd._children(args, settings, {"FLEETLM_DATA_DIR": "/tmp/x"})
+    children, _ = serve_cmd._children(args, settings, {"FLEETLM_DATA_DIR": "/tmp/x"})
     return settings, [c for c in children if c.name.startswith("worker-")]
 
 
