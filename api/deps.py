@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 from sqlalchemy.orm import Session
 
@@ -30,10 +31,19 @@ def get_redis(state: State) -> Redis:
     return state.redis
 
 
-async def current_principal(
-    state: State, authorization: Annotated[str | None, Header()] = None
-) -> Principal:
-    return await state.keys.verify(authorization)
+# Declares the bearer scheme in the OpenAPI document; the key itself is checked by KeyVerifier
+# (api/auth.py), which answers a missing or wrong key with the OpenAI-shaped 401.
+bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def authorization(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    """The Authorization header KeyVerifier reads, from what HTTPBearer parsed."""
+    return None if credentials is None else f"Bearer {credentials.credentials}"
+
+
+async def current_principal(state: State, credentials: Credentials) -> Principal:
+    return await state.keys.verify(authorization(credentials))
 
 
 def get_session(state: State) -> Iterator[Session]:

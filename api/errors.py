@@ -1,7 +1,10 @@
-# The app's exception handlers: every error leaves as the OpenAI shape (service/errors.py).
+# The app's exception handlers: every error leaves as the OpenAI shape (service/errors.py), with a
+# `code` and, for a bad field, the field's name as `param`.
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -9,31 +12,42 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth import DATABASE_ERRORS
-from service.errors import APIError, database_unavailable, error_body, redis_unavailable
+from service.errors import (
+    APIError,
+    database_unavailable,
+    default_code,
+    error_body,
+    redis_unavailable,
+    validation_error,
+)
 from service.redis_clients import UNREACHABLE
 
 log = logging.getLogger("fleetlm.api")
 
 
-async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+class ErrorResponse(JSONResponse):
+    """ASCII JSON: an error that quotes its input can never fail to encode."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    param = loc[0] if loc else None
-    message = first.get("msg", "invalid request")
-    if loc:
-        message = f"{'.'.join(loc)}: {message}"
-    return JSONResponse(error_body(message, param=param, code="invalid_value"), status_code=400)
+def api_error_response(exc: APIError) -> ErrorResponse:
+    return ErrorResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _api_error(_: Request, exc: APIError) -> ErrorResponse:
+    return api_error_response(exc)
+
+
+async def _validation_error(_: Request, exc: RequestValidationError) -> ErrorResponse:
+    return api_error_response(validation_error(exc.errors()))
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException) -> ErrorResponse:
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    return JSONResponse(
-        error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers
-    )
+    body = error_body(str(exc.detail), kind, code=default_code(exc.status_code))
+    return ErrorResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
 def _retry_after_s(request: Request) -> int:
@@ -41,21 +55,22 @@ def _retry_after_s(request: Request) -> int:
     return state.settings.unavailable_retry_after_s if state is not None else 2
 
 
-async def _redis_error(request: Request, exc: Exception) -> JSONResponse:
+async def _redis_error(request: Request, exc: Exception) -> ErrorResponse:
     # Redis away (paused, restarting): any route that needed it says so, retryably.
     log.warning("redis unavailable: %s", type(exc).__name__)
-    return await _api_error(request, redis_unavailable(_retry_after_s(request)))
+    return api_error_response(redis_unavailable(_retry_after_s(request)))
 
 
-async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+async def _database_error(request: Request, exc: Exception) -> ErrorResponse:
     log.warning("database unavailable: %s", type(exc).__name__)
-    return await _api_error(request, database_unavailable(_retry_after_s(request)))
+    return api_error_response(database_unavailable(_retry_after_s(request)))
 
 
-async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+async def _unexpected_error(_: Request, exc: Exception) -> ErrorResponse:
     log.exception("unhandled error", exc_info=exc)
-    return JSONResponse(
-        error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500
+    return ErrorResponse(
+        error_body(f"internal error: {type(exc).__name__}", "server_error", code="server_error"),
+        status_code=500,
     )
 
 

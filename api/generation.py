@@ -26,6 +26,7 @@ from service.limits import release, reserve
 from service.logging_setup import request_id_var
 from service.queued_request import QueuedRequest
 from service.redis_clients import UNREACHABLE, Backoff
+from service.schemas.chunk_usage import ChunkUsage
 from service.schemas.formatter import Formatter
 from service.schemas.sampling import Usage
 
@@ -48,6 +49,7 @@ async def generate(
     stream: bool,
     include_usage: bool,
     principal: Principal,
+    continuous_usage: bool = False,
 ) -> Response:
     request_id_var.set(queued.request_id)
     drain = request.app.state.drain
@@ -84,7 +86,8 @@ async def generate(
     )
     headers["x-request-id"] = queued.request_id
     if stream:
-        body = _stream(request, state, queued.request_id, fmt, include_usage, drain)
+        usage = ChunkUsage(include_usage, continuous_usage, len(queued.prompt_token_ids))
+        body = _stream(request, state, queued.request_id, fmt, usage, drain)
         headers["cache-control"] = "no-cache"
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
     drain.opened()
@@ -99,7 +102,7 @@ async def _stream(
     state: AppState,
     request_id: str,
     fmt: Formatter,
-    include_usage: bool,
+    usage: ChunkUsage,
     drain: Drain,
 ) -> AsyncIterator[str]:
     ended = False  # reached an end the worker wrote: nothing to cancel
@@ -108,7 +111,7 @@ async def _stream(
     drain.opened()
     try:
         if fmt.first_chunk is not None:
-            yield sse(fmt.first_chunk | ({"usage": None} if include_usage else {}))
+            yield sse(fmt.first_chunk | usage.field())
         events = relay_events(state.redis, state.settings, request_id, drain.deadline_passed)
         async for event in events:
             kind = event["type"]
@@ -116,9 +119,10 @@ async def _stream(
                 yield ": keepalive\n\n"
                 continue
             text = event.get("text", "")
+            usage.update(event)
             if kind == "delta":
                 if text:
-                    yield sse(fmt.chunk(text, None) | ({"usage": None} if include_usage else {}))
+                    yield sse(fmt.chunk(text, None) | usage.field())
                     # Sent, unless the connection closed meanwhile (then the send did nothing).
                     if await request.is_disconnected():
                         break
@@ -133,9 +137,9 @@ async def _stream(
             ended = True
             # finish_reason rides on the last content chunk
             last = fmt.chunk(text, event["finish_reason"])
-            yield sse(last | ({"usage": None} if include_usage else {}))
-            if include_usage:
-                yield sse(fmt.usage_chunk(Usage.from_counts(event["usage"])))
+            yield sse(last | usage.field())
+            if usage.include_usage:
+                yield sse(fmt.usage_chunk(usage.final()))
         yield sse("[DONE]")
     finally:
         drain.closed()

@@ -7,12 +7,23 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import errors
+from api import body_limits, errors, openapi
 from api import metrics as metrics_routes
 from api.auth import KeyVerifier
 from api.drain import Drain
 from api.load_shedding import LoadShedder
-from api.routes import admin, batches, chat, completions, files, health, internal, models, usage
+from api.routes import (
+    admin,
+    batches,
+    chat,
+    completions,
+    engine_control,
+    files,
+    health,
+    internal,
+    models,
+    usage,
+)
 from api.state import AppState
 from engine.tokenizer import Tokenizer
 from metering.db import make_engine, make_sessionmaker
@@ -56,6 +67,7 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
                 id=settings.model_name,
                 created=int(time.time()),
                 max_model_len=max_model_len,
+                vocab_size=settings.vocab_size(),
             ),
         )
         try:
@@ -64,11 +76,18 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
             await redis.aclose()
             db.dispose()
 
-    app = FastAPI(title="fleetlm", lifespan=lifespan)
+    app = FastAPI(
+        title="fleetlm",
+        description="OpenAI-compatible API: chat and text completions, files and batches.",
+        lifespan=lifespan,
+    )
     app.state.drain = Drain(settings.drain_delay_s, settings.drain_timeout_s)
     errors.install(app)
+    openapi.install(app, settings)
+    body_limits.install(app, settings)
+    app.add_middleware(metrics_routes.MetricsListenerGuard, settings=settings)
     app.include_router(metrics_routes.router)
-    for module in (chat, completions, models, usage, admin, health, internal):
+    for module in (chat, completions, models, usage, admin, health, internal, engine_control):
         app.include_router(module.router)
     for module in (files, batches):
         app.include_router(module.router)

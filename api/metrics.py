@@ -1,4 +1,5 @@
-# GET /metrics: this API process's series, the fleet's Redis-side state (queue depth per priority,
+# GET /metrics (an admin key, or the metrics_port listener for the scraper: the series name
+# tenants): this API process's series, the fleet's Redis-side state (queue depth per priority,
 # metering lag, worker heartbeats) read at scrape time, and every live worker's own series (the
 # snapshot each ships to fleetlm:worker:{id}:metrics) relabelled with worker="<id>", so one
 # scrape target serves a small deployment. Large ones scrape workers directly
@@ -8,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -22,10 +23,15 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.deps import State
+from api.auth import forbidden
+from api.deps import Credentials, State, authorization
+from api.errors import ErrorResponse
+from api.openapi import AUTHED, errors
 from api.relay import live_workers
 from service import streams as p
+from service.errors import error_body
 from service.settings import Settings
 
 disable_created_metrics()
@@ -50,6 +56,37 @@ OPEN_REQUESTS = Gauge(
 DRAINING = Gauge("fleetlm:api_draining", "1 while this API process drains.", registry=REGISTRY)
 
 router = APIRouter(tags=["metrics"])
+
+
+def on_metrics_listener(scope: Scope, settings: Settings) -> bool:
+    """The request came in on metrics_port (the socket's own address: a client cannot fake it)."""
+    server = scope.get("server")
+    return bool(settings.metrics_port) and server is not None and server[1] == settings.metrics_port
+
+
+class MetricsListenerGuard:
+    """On the metrics listener, GET /metrics is the only route: the API is not served there."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and on_metrics_listener(scope, self.settings)
+            and scope["path"] != "/metrics"
+        ):
+            body = error_body("Only /metrics is served on this port.", code="not_found")
+            await ErrorResponse(body, status_code=404)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def metrics_reader(request: Request, state: State, credentials: Credentials) -> None:
+    if on_metrics_listener(request.scope, state.settings):
+        return
+    if not (await state.keys.verify(authorization(credentials))).is_admin:
+        raise forbidden("/metrics needs an admin key (or scrape FLEETLM_METRICS_PORT)")
 
 
 def _ms_of(entry_id: str) -> int:
@@ -150,7 +187,13 @@ class _Static(Collector):
         return self.families
 
 
-@router.get("/metrics", include_in_schema=False)
+@router.get(
+    "/metrics",
+    dependencies=[Depends(metrics_reader)],
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
+    | errors(*AUTHED, 403),
+)
 async def metrics(state: State) -> Response:
     fleet, snapshots = await _fleet_families(state.redis, state.settings)
     scrape = CollectorRegistry(auto_describe=False)

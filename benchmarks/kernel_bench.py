@@ -95,6 +95,7 @@ class Bench:
         import triton.testing
 
         from kernels import (
+            fp8_quant,
             paged_decode_attention,
             paged_prefill_attention,
             rms_norm,
@@ -106,6 +107,7 @@ class Bench:
         self.triton = triton
         self.dec, self.pre = paged_decode_attention, paged_prefill_attention
         self.kv, self.rms, self.rot, self.silu = store_kv, rms_norm, rotary, silu_mul
+        self.fp8 = fp8_quant
         self.smoke = smoke
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda" if self.cuda else "cpu")
@@ -439,32 +441,38 @@ class Bench:
 
         print(f"-- memory-bound kernels, {self.dtype}")
         for T in token_counts:
-            # store_kv: T new tokens into random slots of a cache
-            case = Case("store_kv", {"T": T, "Hkv": Hkv, "D": D, "dtype": str(self.dtype)})
-
-            def body_kv(case: Case, T=T) -> None:
-                num_blocks = triton_cdiv(T, bs) * 2
-                k_cache = self.randn(num_blocks, bs, Hkv, D)
-                v_cache = self.randn(num_blocks, bs, Hkv, D)
-                key, value = self.randn(T, Hkv, D), self.randn(T, Hkv, D)
-                slots = torch.randperm(num_blocks * bs, device=self.device, generator=self.gen)
-                slots = slots[:T].contiguous()
-                k_ref, v_ref = k_cache.clone(), v_cache.clone()
-                self.kv.store_kv(key, value, k_cache, v_cache, slots)
-                self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
-                case.check = rel_error(torch.cat([k_cache, v_cache]), torch.cat([k_ref, v_ref]),
-                                       self.dtype)  # fmt: skip
-                case.work = 2 * 2 * key.numel() * elt + slots.numel() * 8  # read + write K, V
-                case.peak = self.copy_gbps
-                case.triton_ms = self.time_ms(
-                    lambda: self.kv.store_kv(key, value, k_cache, v_cache, slots)
-                )
-                case.torch_impl = "store_kv_ref"
-                case.torch_ms = self.time_ms(
-                    lambda: self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
+            # store_kv: T new tokens into random slots of a cache (bf16, and e4m3: FP8 KV)
+            for cache_dtype in (self.dtype, torch.float8_e4m3fn):
+                fp8 = cache_dtype == torch.float8_e4m3fn
+                case = Case(
+                    "store_kv" + ("[e4m3]" if fp8 else ""),
+                    {"T": T, "Hkv": Hkv, "D": D, "dtype": str(self.dtype)},
                 )
 
-            self.run_case(case, body_kv)
+                def body_kv(case: Case, T=T, cache_dtype=cache_dtype) -> None:
+                    num_blocks = triton_cdiv(T, bs) * 2
+                    k_cache = self.randn(num_blocks, bs, Hkv, D).to(cache_dtype)
+                    v_cache = self.randn(num_blocks, bs, Hkv, D).to(cache_dtype)
+                    key, value = self.randn(T, Hkv, D), self.randn(T, Hkv, D)
+                    slots = torch.randperm(num_blocks * bs, device=self.device, generator=self.gen)
+                    slots = slots[:T].contiguous()
+                    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+                    self.kv.store_kv(key, value, k_cache, v_cache, slots)
+                    self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
+                    got, want = torch.cat([k_cache, v_cache]), torch.cat([k_ref, v_ref])
+                    case.check = rel_error(got.float(), want.float(), self.dtype)
+                    # read K, V in the model dtype, write them in the cache's
+                    case.work = 2 * key.numel() * (elt + k_cache.element_size()) + T * 8
+                    case.peak = self.copy_gbps
+                    case.triton_ms = self.time_ms(
+                        lambda: self.kv.store_kv(key, value, k_cache, v_cache, slots)
+                    )
+                    case.torch_impl = "store_kv_ref"
+                    case.torch_ms = self.time_ms(
+                        lambda: self.kv.store_kv_ref(key, value, k_ref, v_ref, slots)
+                    )
+
+                self.run_case(case, body_kv)
 
             # rms_norm with and without the fused residual add
             for fused in (True, False):
@@ -532,6 +540,101 @@ class Bench:
 
             self.run_case(case, body_silu)
 
+    # -- FP8: activation quantization, the e4m3 KV cache, the FP8 linear ----------------------
+    def bench_fp8(self) -> None:
+        """Per-token e4m3 quantization (every FP8 linear's input), decode attention over an e4m3
+        cache (compare with the bf16 `decode` rows; stores into it are in `elementwise`), and
+        the FP8 linear (quantize + torch._scaled_mm) against a bf16 matmul of the same shape."""
+        from engine.models.fp8 import fp8_linear, fp8_matmul_ref, quantize_weight
+
+        fp8 = torch.float8_e4m3fn
+        if self.smoke:
+            tokens, K, N, H, Hkv, D, bs, batch, ctx = [4], 256, 128, 4, 2, 64, 16, 3, 100
+        else:
+            tokens, K, N, H, Hkv, D, bs, batch, ctx = (
+                [64, 8192],
+                8192,
+                7168,
+                32,
+                8,
+                128,
+                16,
+                64,
+                4096,
+            )
+        print(f"-- fp8: activations [T, {K}], linear {K}->{N}, decode B={batch} ctx={ctx}")
+        for T in tokens:
+            case = Case("quantize_fp8", {"T": T, "K": K, "dtype": str(self.dtype)})
+
+            def body_quant(case: Case, T=T) -> None:
+                x = self.randn(T, K)
+                q, scale = self.fp8.quantize_fp8(x)
+                q_ref, scale_ref = self.fp8.quantize_fp8_ref(x)
+                case.check = rel_error(q.float() * scale, q_ref.float() * scale_ref, self.dtype)
+                case.work = x.numel() * (x.element_size() * 2 + 1) + T * 4  # amax pass, quant pass
+                case.peak = self.copy_gbps
+                case.triton_ms = self.time_ms(lambda: self.fp8.quantize_fp8(x))
+                case.torch_impl = "quantize_fp8_ref"
+                case.torch_ms = self.time_ms(lambda: self.fp8.quantize_fp8_ref(x))
+
+            self.run_case(case, body_quant)
+
+            case = Case("fp8_linear", {"T": T, "K": K, "N": N, "dtype": str(self.dtype)})
+            case.unit = "TFLOP/s"
+
+            def body_linear(case: Case, T=T) -> None:
+                x = self.randn(T, K)
+                w = self.randn(N, K) * 0.02
+                w_q, w_scale = quantize_weight(w)
+                got = fp8_linear(x, w_q, w_scale)
+                x_q, x_scale = self.fp8.quantize_fp8_ref(x)
+                case.check = rel_error(got, fp8_matmul_ref(x_q, x_scale, w_q, w_scale, x.dtype),
+                                       self.dtype)  # fmt: skip
+                case.work = 2 * T * K * N
+                case.peak = self.matmul_tflops
+                case.triton_ms = self.time_ms(lambda: fp8_linear(x, w_q, w_scale))
+                case.torch_impl = "bf16 F.linear"
+                case.torch_ms = self.time_ms(lambda: torch.nn.functional.linear(x, w))
+                case.note = "triton column: quantize_fp8 + torch._scaled_mm (CUDA sm89+)"
+
+            self.run_case(case, body_linear)
+
+        case = Case(
+            "paged_decode_attention[e4m3]",
+            {"shape": f"B={batch} ctx={ctx}", "H": H, "Hkv": Hkv, "D": D, "bs": bs,
+             "show": ["shape"], "dtype": str(self.dtype)},
+        )  # fmt: skip
+
+        def body_decode(case: Case) -> None:
+            nb = triton_cdiv(ctx, bs)
+            k_cache = self.randn(batch * nb, bs, Hkv, D).to(fp8)
+            v_cache = self.randn(batch * nb, bs, Hkv, D).to(fp8)
+            perm = torch.randperm(batch * nb, device=self.device, generator=self.gen)
+            table = perm.view(batch, nb).to(torch.int32)
+            seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=self.device)
+            q = self.randn(batch, H, D)
+            out = torch.empty_like(q)
+
+            def run() -> None:
+                self.dec.paged_decode_attention(
+                    q, k_cache, v_cache, table, seq_lens, D**-0.5, max_seq_len=ctx, out=out,
+                    k_scale=0.5, v_scale=2.0,
+                )  # fmt: skip
+
+            run()
+            rows = min(batch, 8)
+            ref = self.dec.paged_decode_attention_ref(
+                q[:rows], k_cache, v_cache, table[:rows], seq_lens[:rows], D**-0.5,
+                k_scale=0.5, v_scale=2.0,
+            )  # fmt: skip
+            case.check = rel_error(out[:rows], ref, self.dtype)
+            case.work = batch * ctx * 2 * Hkv * D + 2 * q.numel() * q.element_size()
+            case.peak = self.copy_gbps
+            case.triton_ms = self.time_ms(run)
+            case.note = "half the K/V bytes of the bf16 decode row at the same shape"
+
+        self.run_case(case, body_decode)
+
     # -- driver -------------------------------------------------------------------------------
     def run(self, only: set[str] | None) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -547,6 +650,7 @@ class Bench:
             "decode_splits": self.bench_decode_splits,
             "prefill": self.bench_prefill,
             "elementwise": self.bench_elementwise,
+            "fp8": self.bench_fp8,
         }
         for key, fn in sections.items():
             if only and key not in only:
@@ -583,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma list of sections: decode,decode_splits,prefill,elementwise",
+        help="comma list of sections: decode,decode_splits,prefill,elementwise,fp8",
     )
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)

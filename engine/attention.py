@@ -51,19 +51,21 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: float = 1.0,  # an FP8 cache holds K / k_scale and V / v_scale
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     if not q.is_cuda:
-        store_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+        store_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         return paged_prefill_attention_ref(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            meta.max_query_len, scale,
+            meta.max_query_len, scale, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
 
     from kernels.paged_decode_attention import paged_decode_attention
     from kernels.paged_prefill_attention import paged_prefill_attention
     from kernels.store_kv import store_kv
 
-    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
     out = torch.empty_like(q)
     nd = meta.num_decodes
     num_seqs = meta.seq_lens.shape[0]
@@ -71,10 +73,12 @@ def paged_attention(
         paged_decode_attention(
             q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
             max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits, out=out[:nd],
+            k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
     if nd < num_seqs:
         paged_prefill_attention(
             q[nd:], k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
             meta.prefill_query_start_loc, meta.max_query_len, scale, out=out[nd:],
+            k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
     return out

@@ -1,9 +1,11 @@
 # Packs one step's scheduled requests into the flat tensors the model and attention need.
 # Everything is assembled on the host in two numpy buffers (int64 and int32) and crosses to the
-# device in two copies; the tensors handed out are views into those copies.
+# device in two copies; the tensors handed out are views into those copies. The packed host
+# form (PackedBatch) is also the step that tensor-parallel rank 0 broadcasts to the others:
+# every rank builds the identical device batch from it.
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -24,6 +26,27 @@ class PreparedBatch:
     seq_lens_host: list[int] = field(default_factory=list)  # meta.seq_lens, on the host
 
 
+@dataclass(slots=True)
+class PackedBatch:
+    # i64: input_ids, positions, slot_mapping (num_tokens each), then logits_indices
+    i64: np.ndarray
+    # i32: seq_lens [num_seqs], query_start_loc [num_seqs + 1], the prefill tail's re-based
+    # query_start_loc [num_seqs - num_decodes + 1], then block_tables [num_seqs, max_blocks]
+    i32: np.ndarray
+    num_tokens: int
+    num_seqs: int
+    max_blocks: int
+    num_decodes: int
+    max_query_len: int
+    has_drafts: bool
+    decode_num_splits: int | None
+    # Rank 0 only (host objects the sampler reads); never sent to the other ranks.
+    sampling_requests: list[Request] = field(default_factory=list)
+
+    def for_followers(self) -> PackedBatch:
+        return replace(self, sampling_requests=[])
+
+
 class BatchBuilder:
     def __init__(self, block_size: int, device: torch.device, num_kv_heads: int = 1) -> None:
         self.block_size = block_size
@@ -31,6 +54,10 @@ class BatchBuilder:
         self.num_kv_heads = num_kv_heads
 
     def prepare(self, out: SchedulerOutput) -> PreparedBatch:
+        return self.to_device(self.pack(out))
+
+    def pack(self, out: SchedulerOutput) -> PackedBatch:
+        """The step on the host: what tensor-parallel rank 0 sends every other rank."""
         bs = self.block_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -79,31 +106,46 @@ class BatchBuilder:
             block_tables[row, : cache[1]] = cache[2]
         nd = out.num_decodes
         prefill_qsl = [q - query_start[nd] for q in query_start[nd:]]
-
-        i64 = self._to_device(np.array(tokens + positions + slots + logits_indices, dtype=np.int64))
         header = np.array(seq_lens + query_start + prefill_qsl, dtype=np.int32)
-        i32 = self._to_device(np.concatenate((header, block_tables.ravel())))
-        t = num_tokens
-        s = num_seqs
+        return PackedBatch(
+            i64=np.array(tokens + positions + slots + logits_indices, dtype=np.int64),
+            i32=np.concatenate((header, block_tables.ravel())),
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            max_blocks=max_blocks,
+            num_decodes=nd,
+            max_query_len=max(out.num_new_tokens),
+            has_drafts=len(logits_indices) > len(sampling),
+            decode_num_splits=self._decode_splits(seq_lens[:nd]),
+            sampling_requests=sampling,
+        )
+
+    def to_device(self, packed: PackedBatch) -> PreparedBatch:
+        """The packed arrays on the device (two copies) and the views the step reads."""
+        t, s, nd = packed.num_tokens, packed.num_seqs, packed.num_decodes
+        seq_lens = packed.i32[:s].tolist()
+        i64 = self._to_device(packed.i64)
+        i32 = self._to_device(packed.i32)
+        num_prefill_qsl = s - nd + 1
         meta = AttentionMetadata(
             slot_mapping=i64[2 * t : 3 * t],
-            block_tables=i32[2 * s + 1 + len(prefill_qsl) :].view(num_seqs, max_blocks),
+            block_tables=i32[2 * s + 1 + num_prefill_qsl :].view(s, packed.max_blocks),
             seq_lens=i32[:s],
             query_start_loc=i32[s : 2 * s + 1],
             num_decodes=nd,
-            max_query_len=max(out.num_new_tokens),
+            max_query_len=packed.max_query_len,
             max_seq_len=max(seq_lens),
-            prefill_query_start_loc=i32[2 * s + 1 : 2 * s + 1 + len(prefill_qsl)],
+            prefill_query_start_loc=i32[2 * s + 1 : 2 * s + 1 + num_prefill_qsl],
             max_decode_seq_len=max(seq_lens[:nd], default=0),
-            decode_num_splits=self._decode_splits(seq_lens[:nd]),
+            decode_num_splits=packed.decode_num_splits,
         )
         return PreparedBatch(
             input_ids=i64[:t],
             positions=i64[t : 2 * t],
             meta=meta,
             logits_indices=i64[3 * t :],
-            sampling_requests=sampling,
-            has_drafts=len(logits_indices) > len(sampling),
+            sampling_requests=packed.sampling_requests,
+            has_drafts=packed.has_drafts,
             seq_lens_host=seq_lens,
         )
 

@@ -91,8 +91,8 @@ class BlockManager:
                 break
             hits.append(block_id)
             parent = request.block_hashes[i]
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += len(hits) * bs
+        # The hit counters are the scheduler's to move, once per admission: a request whose
+        # admission waits for memory looks its prefix up again every step.
         return hits
 
     # -- allocation ----------------------------------------------------------------------
@@ -181,10 +181,16 @@ class BlockManager:
         request.block_ids = []
         request.num_registered_blocks = 0
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> int:
+        """Drops every cached block no request holds; returns how many. Blocks of running
+        requests keep their hashes (their K/V is live), so they stay cached and can still be
+        hit once those requests finish."""
+        num_freed = 0
         for block in self.blocks:
-            if block.ref_count == 0:
+            if block.ref_count == 0 and block.block_hash is not None:
+                if self.cached_blocks.get(block.block_hash) == block.block_id:
+                    del self.cached_blocks[block.block_hash]
                 block.reset()
-        self.cached_blocks = {
-            h: b for h, b in self.cached_blocks.items() if self.blocks[b].ref_count > 0
-        }
+                self.free_queue.move_to_end(block.block_id, last=False)  # unhashed: front
+                num_freed += 1
+        return num_freed

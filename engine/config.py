@@ -20,6 +20,18 @@ class EngineConfig:
     max_preemptions: int = 8
     seed: int = 0  # dummy-weight initialisation and unseeded sampling
     use_cuda_graphs: bool = True
+    # FP8 (docs/serving.md#fp8-and-tensor-parallelism). quantization="fp8": e4m3 weights with
+    # per-output-channel scales, activations quantized per token (a pre-quantized FP8
+    # checkpoint runs in FP8 without it). kv_cache_dtype="fp8": an e4m3 KV cache, twice the
+    # tokens in the same memory ("auto": the model dtype).
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    # Tensor parallelism: this many processes (ranks, one GPU each), rank 0 in the caller's.
+    tensor_parallel_size: int = 1
+    # Steps with prompt chunks up to this many tokens run as per-layer CUDA graph pieces around
+    # eager attention (piecewise_graphs.py); off until measured on the GPU.
+    use_piecewise_graphs: bool = False
+    piecewise_max_tokens: int = 2048
     # Speculative decoding (docs/speculative.md; the adaptive rule lives in spec_policy.py).
     speculative_method: str | None = None  # None (off) | "ngram" | "draft"
     num_speculative_tokens: int = 4  # k: most draft tokens proposed per request per step
@@ -30,6 +42,12 @@ class EngineConfig:
     # A request's acceptance EMA below this (scaled up with the batch, spec_policy.py) → it
     # stops drafting. None → 0.15 for n-gram lookup (free to propose), 0.35 for a draft model.
     spec_min_acceptance: float | None = None
+    # Latency-aware prefill (engine/step_cost.py): with a target, a step that carries decodes
+    # takes only as many prefill tokens as keep its predicted time under it (None: the whole
+    # max_num_batched_tokens budget may go to prefill, as without the model).
+    step_time_target_s: float | None = None
+    prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
+    ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -42,12 +60,28 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be positive")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be positive")
+        if self.piecewise_max_tokens < 1:
+            raise ValueError("piecewise_max_tokens must be positive")
         if self.max_preemptions < 0:
             raise ValueError("max_preemptions must be >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"quantization must be None or 'fp8', got {self.quantization!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be >= 1")
+        if self.tensor_parallel_size > 1:
+            if self.device not in ("auto", "cuda", "cpu"):
+                raise ValueError(
+                    "with tensor_parallel_size > 1 the device is 'auto', 'cuda' or 'cpu' "
+                    f"(rank r runs on cuda:r), got {self.device!r}"
+                )
+            if self.speculative_method == "draft":
+                raise ValueError("a draft model is not supported with tensor_parallel_size > 1")
         if self.speculative_method not in (None, "ngram", "draft"):
             raise ValueError(
                 f"speculative_method must be None, 'ngram' or 'draft', "
@@ -67,3 +101,7 @@ class EngineConfig:
             self.spec_min_acceptance = 0.35 if self.speculative_method == "draft" else 0.15
         if not 0.0 <= self.spec_min_acceptance < 1.0:
             raise ValueError("spec_min_acceptance must be in [0, 1)")
+        if self.step_time_target_s is not None and self.step_time_target_s <= 0:
+            raise ValueError("step_time_target_s must be positive")
+        if self.prefill_ttft_guard_s < 0 or self.ttft_prompt_tokens < 1:
+            raise ValueError("prefill_ttft_guard_s must be >= 0 and ttft_prompt_tokens >= 1")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from engine.stop_matcher import StopMatcher
+
 _FFFD = "\ufffd"
 _PROMPT_CONTEXT = 5  # prompt tokens kept as left context for the first output tokens
 _HELD_TOKENS = 4  # tokens held behind a trailing U+FFFD before looking for a clean split
@@ -35,11 +37,8 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
-        self._stops = tuple(dict.fromkeys(s for s in stop if s))
+        self._stops = StopMatcher(stop)
         self._include_stop = include_stop_str_in_output
-        max_len = max(map(len, self._stops), default=0)
-        self._max_held_chars = max(max_len - 1, 0)
-        self._stop_prefixes = frozenset(s[:i] for s in self._stops for i in range(1, len(s)))
 
         context = list(prompt_token_ids[-_PROMPT_CONTEXT:]) if prompt_token_ids else []
         context_text = self._decode(context)
@@ -119,39 +118,24 @@ class IncrementalDetokenizer:
         return new_text
 
     def _release(self, new_text: str, *, final: bool) -> str:
-        if not self._stops:
+        if not self._stops.stops:
             out = new_text
         else:
-            # Stops can only start inside the held text or the new text: anything released
-            # earlier was not a prefix of any stop string.
+            # The held text is the matcher's partial match: a stop that completes in the new text
+            # starts inside the held text or the new text, never in text released earlier. Which
+            # stop wins does not depend on how the text was split into tokens (StopMatcher.feed).
             buf = self._held + new_text
-            hit = self._find_stop(buf)
+            hit = self._stops.feed(new_text)
             if hit is not None:
-                start, stop = hit
+                end_in_new, stop = hit
+                end = len(self._held) + end_in_new
                 self.stop_reason = stop
                 self._done = True
-                out = buf[: start + len(stop)] if self._include_stop else buf[:start]
+                out = buf[:end] if self._include_stop else buf[: end - len(stop)]
                 self._held = ""
             else:
-                keep = 0 if final else self._partial_stop_len(buf)
+                keep = 0 if final else self._stops.partial_len
                 out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
         if out:
             self._chunks.append(out)
         return out
-
-    def _find_stop(self, buf: str) -> tuple[int, str] | None:
-        # The stop that completes first wins, as if the text had arrived one character at a
-        # time; on a tie, the longer one. The answer then does not depend on how text was split
-        # into tokens.
-        best: tuple[int, int, str] | None = None
-        for stop in self._stops:
-            start = buf.find(stop)
-            if start >= 0 and (best is None or (start + len(stop), start) < best[:2]):
-                best = (start + len(stop), start, stop)
-        return None if best is None else (best[1], best[2])
-
-    def _partial_stop_len(self, buf: str) -> int:
-        for k in range(min(len(buf), self._max_held_chars), 0, -1):
-            if buf[-k:] in self._stop_prefixes:
-                return k
-        return 0

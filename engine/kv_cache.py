@@ -1,5 +1,7 @@
 # The paged KV pool: how many blocks fit, and the one tensor that holds them all.
 #   kv_caches: [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
+# in the model dtype or e4m3 (kv_cache_dtype="fp8": one byte an element, so the same budget
+# holds twice the blocks of bf16); num_kv_heads is this tensor-parallel rank's.
 from __future__ import annotations
 
 import torch

@@ -19,6 +19,16 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stop the tensor-parallel follower processes (nothing to do with one rank)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
@@ -53,6 +63,10 @@ class LLM:
                     if delta.finished:
                         pending.discard(delta.request_id)
         return [outputs[i] for i in order]
+
+    def reset_prefix_cache(self) -> int:
+        """Forgets the cached prefixes (as vLLM's LLM.reset_prefix_cache); returns the blocks."""
+        return self.engine.reset_prefix_cache()
 
     def stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None

@@ -6,45 +6,23 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.model_runner import ModelRunner
-from engine.models.config import PRESETS, resolve_model_config
+from engine.models.config import resolve_model_config
 from engine.outputs import EngineStats, RequestDelta, RequestUsage
 from engine.request import Priority, Request
+from engine.runner_setup import build_runner, resolve_device, resolve_dtype
 from engine.sampler import HostCopy
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.spec_ngram import NgramProposer
 from engine.spec_policy import Speculator
+from engine.step_cost import PrefillPolicy
 from engine.step_trace import StepTrace
 from engine.tokenizer import Tokenizer
-
-_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cpu":
-        return torch.float32  # bf16 matmuls on the CPU are slow and not what tests compare
-    return _DTYPES.get(checkpoint_dtype, torch.bfloat16)
+from engine.tp_followers import start_tensor_parallel
 
 
 @dataclass(slots=True)
@@ -57,15 +35,16 @@ class StepInFlight:
     out: SchedulerOutput | None = None
     num_before: dict[str, int] = field(default_factory=dict)
     launched: HostCopy | None = None
-    launch_s: float = 0.0
+    graphed: bool = False  # launching it replays a CUDA graph
+    host_s: float = 0.0  # the engine's own time in schedule_step + launch_step
+    finish_s: float = 0.0  # in finish_step
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None = None) -> None:
         self.config = config
         self.model_config = resolve_model_config(config.model)
-        checkpoint = None if str(config.model) in PRESETS else Path(config.model)
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(config.device, 0, config.tensor_parallel_size)
         self.dtype = resolve_dtype(config.dtype, self.model_config.dtype, self.device)
         self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.for_model(config.model)
         eos = tuple(
@@ -73,34 +52,33 @@ class LLMEngine:
         )
         self.eos_token_ids = eos
 
-        rope_len = config.max_model_len or self.model_config.max_position_embeddings
-        window = self.model_config.sliding_window
-        if window is not None and rope_len > window:
-            if config.max_model_len is not None:
-                raise ValueError(
-                    f"max_model_len {config.max_model_len} exceeds the model's sliding window "
-                    f"({window}); fleetlm attends over full contexts, exact only within it"
-                )
-            rope_len = window
-        self.runner = ModelRunner(
-            config, self.model_config, self.device, self.dtype, rope_len, checkpoint
-        )
+        # Tensor parallel: this process is rank 0; the other ranks start here and follow.
+        self.tp, self._followers = start_tensor_parallel(config, self.device)
+        try:
+            self.runner = build_runner(config, self.model_config, self.device, self.dtype, self.tp)
+        except BaseException:
+            self.shutdown()
+            raise
         self.runner.eos_token_ids = eos
         num_blocks = self.runner.num_blocks
-        # Without an explicit limit, a request must fit the pool on its own.
-        self.max_model_len = config.max_model_len or min(rope_len, num_blocks * config.block_size)
-        self.runner.max_model_len = self.max_model_len
-        if self.device.type == "cuda" and config.use_cuda_graphs:
-            self.runner.capture_graphs(config.max_num_seqs)
+        self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
+        self.prefill_policy: PrefillPolicy | None = None
+        if config.step_time_target_s is not None:
+            self.prefill_policy = PrefillPolicy(
+                config.step_time_target_s,
+                ttft_guard_s=config.prefill_ttft_guard_s,
+                ttft_prompt_tokens=config.ttft_prompt_tokens,
+            )
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
             max_preemptions=config.max_preemptions,
             eos_token_ids=eos,
+            prefill_policy=self.prefill_policy,
         )
         self.speculator: Speculator | None = None
         if config.speculative_method == "ngram":
@@ -113,6 +91,17 @@ class LLMEngine:
         self.step_trace: StepTrace | None = None  # enable_step_trace() turns recording on
         self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
         self._in_flight = False  # between begin_step and finish_step
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel followers (nothing to do with one rank); idempotent."""
+        followers, self._followers = self._followers, None
+        if followers is None:
+            return
+        if getattr(self, "runner", None) is not None:
+            followers.stop(release=self.runner.stop_followers)
+        else:  # the group never finished starting
+            followers.kill()
+        self.tp.close()
 
     def enable_step_trace(
         self, capacity: int = 1 << 18, extra_fields: tuple[str, ...] = ()
@@ -214,6 +203,11 @@ class LLMEngine:
         """Schedule the next step and launch its device work without waiting for it. Until
         finish_step(), the engine must not be changed (no add_request or abort): the caller
         may only do unrelated host work, which then overlaps the GPU's."""
+        return self.launch_step(self.schedule_step())
+
+    def schedule_step(self) -> StepInFlight:
+        """The first half of begin_step: decide the step (and draft, when speculating). Its
+        `graphed` says whether launching it will be cheap (a graph replay)."""
         self._check_no_step_in_flight()
         deltas, self._pending = self._pending, []
         step = StepInFlight(deltas=deltas, started_at=time.time(), t0=time.perf_counter())
@@ -227,10 +221,26 @@ class LLMEngine:
         self.last_schedule_s = time.perf_counter() - step.t0  # includes drafting, when on
         step.out = out
         step.num_before = {r.request_id: r.num_tokens for r in out.requests}
-        step.launched = self.runner.launch(out) if not out.is_empty else None
-        step.launch_s = time.perf_counter() - step.t0
+        step.graphed = self.runner.will_replay(out)
+        step.host_s = self.last_schedule_s
         self._in_flight = True
         return step
+
+    def launch_step(self, step: StepInFlight) -> StepInFlight:
+        """The second half of begin_step: queue the step's device work."""
+        t0 = time.perf_counter()
+        step.launched = self.runner.launch(step.out) if not step.out.is_empty else None
+        step.host_s += time.perf_counter() - t0
+        return step
+
+    @staticmethod
+    def step_time(step: StepInFlight) -> float:
+        """The engine's own time in a finished step (what the trace records as wall_s)."""
+        return step.host_s + step.finish_s
+
+    def step_done(self, step: StepInFlight) -> bool:
+        """True once finish_step(step) would not wait for the device."""
+        return step.launched is None or step.launched.done()
 
     def finish_step(self, step: StepInFlight) -> list[RequestDelta]:
         """Wait for the step begin_step() launched; returns its deltas."""
@@ -263,6 +273,9 @@ class LLMEngine:
             deltas.append(self._delta(request, new_ids, text))
         for request in out.failed:
             deltas.append(self._delta(request, [], self._flush(request)))
+        step.finish_s = time.perf_counter() - t_wait
+        if self.prefill_policy is not None and not out.is_empty:
+            self.prefill_policy.observe(out.features, step.host_s + step.finish_s)
         if self.step_trace is not None and not out.is_empty:
             self._trace_step(step, t_wait, t_post)
         return deltas
@@ -275,7 +288,7 @@ class LLMEngine:
         # wall_s counts the engine's own time: launch + wait + post, not what the caller did
         # between begin_step and finish_step.
         row = self.step_trace.record(
-            start=step.started_at, wall_s=step.launch_s + (now - t_wait),
+            start=step.started_at, wall_s=step.host_s + (now - t_wait),
             schedule_s=self.last_schedule_s, prepare_s=timing.prepare_s,
             forward_s=timing.forward_s, sample_s=timing.sample_s, wait_s=timing.wait_s,
             post_s=now - t_post, num_tokens=sum(out.num_new_tokens),
@@ -315,6 +328,10 @@ class LLMEngine:
             first_token_time=request.first_token_time,
             finish_time=request.finish_time,
         )
+
+    def reset_prefix_cache(self) -> int:
+        """Forgets every cached prefix block that no request holds; returns how many."""
+        return self.block_manager.reset_prefix_cache()
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

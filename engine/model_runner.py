@@ -1,6 +1,11 @@
 # Turns a SchedulerOutput into one forward pass: packs the step's tokens, positions, slot
 # mapping and block tables, runs the model, computes logits only at positions that sample,
 # samples on the device and copies the sampled ids to the host once.
+# Tensor parallel: every rank has a runner over its shard of the model and its own KV pool
+# (its KV heads, the same blocks). Rank 0's runner broadcasts each step's packed batch before
+# launching it; the other ranks' runners sit in follow(), building the identical device batch
+# and running the same forward (the same graph replays, the same collectives). Only rank 0
+# samples: the logits are gathered to every rank, the others drop them.
 from __future__ import annotations
 
 import time
@@ -10,18 +15,21 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata, prefill_tail
-from engine.batch_builder import BatchBuilder
+from engine.batch_builder import BatchBuilder, PreparedBatch
 from engine.config import EngineConfig
 from engine.cuda_graphs import StepGraphs
 from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget, profile_lengths
 from engine.models.config import ModelConfig
 from engine.models.loader import build_model
+from engine.models.quant_config import fp8_scheme
 from engine.models.rope import cos_sin_cache
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.request import Request
 from engine.sampler import HostCopy, SamplingBatch, sample
 from engine.scheduler import SchedulerOutput
 from engine.spec_draft import DraftProposer
 from engine.spec_verify import verify
+from engine.tensor_parallel import SINGLE, TensorParallel
 
 
 @dataclass(slots=True)
@@ -42,13 +50,19 @@ class ModelRunner:
         dtype: torch.dtype,
         max_model_len: int,
         checkpoint,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         self.config = config
         self.model_config = model_config
         self.device = device
         self.dtype = dtype
+        self.tp = tp
         self.block_size = config.block_size
-        self.model = build_model(model_config, dtype, device, checkpoint, config.seed)
+        fp8 = fp8_scheme(config.quantization, model_config.quantization_config)
+        self.model = build_model(model_config, dtype, device, checkpoint, config.seed, tp, fp8)
+        self.shape = self.model.config  # this rank's heads, KV heads and MLP width
+        # The KV cache: the model dtype, or e4m3 (half the bytes: twice the tokens per GiB).
+        self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8" else dtype
         self.cos_sin = cos_sin_cache(model_config, max_model_len, device)
         self.max_model_len = max_model_len
         # The draft model's weights load before the pool is sized, so the budget sees them.
@@ -59,19 +73,21 @@ class ModelRunner:
                 max_model_len, config.seed,
             )  # fmt: skip
         activation_peak = self._profile_activation_peak() if device.type == "cuda" else 0
-        self.num_blocks = num_blocks_from_budget(
-            config, model_config, dtype, device, activation_peak,
+        num_blocks = num_blocks_from_budget(
+            config, self.shape, self.kv_dtype, device, activation_peak,
             self.draft.bytes_per_block() if self.draft is not None else 0,
         )  # fmt: skip
+        self.num_blocks = tp.min_int(num_blocks)  # one block table serves every rank's pool
         self.kv_caches = allocate_kv_caches(
-            model_config, self.num_blocks, self.block_size, dtype, device
+            self.shape, self.num_blocks, self.block_size, self.kv_dtype, device
         )
         if self.draft is not None:
             self.draft.allocate(self.num_blocks)
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
-        self.batch_builder = BatchBuilder(self.block_size, device, model_config.num_kv_heads)
+        self.batch_builder = BatchBuilder(self.block_size, device, self.shape.num_kv_heads)
         self.graphs: StepGraphs | None = None  # pure-decode steps
+        self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks
         self.verify_graphs: StepGraphs | None = None  # decodes with drafts (speculation on)
         # Benchmarks set a list here to collect (start, end) CUDA events of every step.
         self.step_events: list | None = None
@@ -97,18 +113,16 @@ class ModelRunner:
         return without waiting for it, so the caller can do host work meanwhile; collect()
         brings the result. Verify steps (speculation) still finish here."""
         t0 = time.perf_counter()
-        batch = self.batch_builder.prepare(out)
+        packed = self.batch_builder.pack(out)
+        if self.tp.size > 1:
+            self.tp.broadcast(packed.for_followers())  # the other ranks start the same step
+        batch = self.batch_builder.to_device(packed)
         sampling = self._sampling_batch(batch.sampling_requests, batch.has_drafts)
         if self._step_start is None:
             self.begin_step()  # after the host's packing: the interval is the device's work
         t1 = time.perf_counter()
         meta = batch.meta
-        graphs = self._graphs_for(batch)
-        if graphs is not None:
-            logits = graphs.replay(batch)  # every token samples in these steps
-        else:
-            hidden = self._eager_forward(batch)
-            logits = self.model.compute_logits(hidden[batch.logits_indices])
+        logits = self._logits(batch)
         if self.draft is not None and not batch.has_drafts:
             # The draft skipped this step's decodes: their K/V are missing from its cache
             # until a catch-up (DraftProposer.catch_up) before they next draft.
@@ -120,7 +134,7 @@ class ModelRunner:
             vocab = self.model_config.vocab_size
             # verify() ends in the step's one D2H copy.
             accepted = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
-            result = HostCopy(ready=accepted)
+            result = HostCopy(values=accepted)
             self._record_end()
         elif sampling is not None:
             sampled = sample(logits, sampling)
@@ -128,10 +142,44 @@ class ModelRunner:
             result = HostCopy.start(sampled)  # the step's one D2H copy
         else:
             self._record_end()
-            result = HostCopy(ready=[])
+            result = HostCopy(values=[])
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return result
+
+    def _logits(self, batch: PreparedBatch) -> torch.Tensor:
+        """The step's forward: logits [num_sampling_rows, vocab] (on every rank)."""
+        graphs = self._graphs_for(batch)
+        if graphs is not None:
+            return graphs.replay(batch)  # every token samples in these steps
+        if self._piecewise_for(batch) is not None:
+            hidden = self.piecewise.run(batch)
+        else:
+            hidden = self._eager_forward(batch)
+        return self.model.compute_logits(hidden[batch.logits_indices])
+
+    # -- tensor parallel -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def follow(self) -> None:
+        """Ranks > 0: run rank 0's steps until it says stop (None)."""
+        while (packed := self.tp.broadcast()) is not None:
+            self._logits(self.batch_builder.to_device(packed))
+
+    def stop_followers(self) -> None:
+        """Rank 0: release the other ranks from follow()."""
+        if self.tp.size > 1:
+            self.tp.broadcast(None)
+
+    def will_replay(self, out: SchedulerOutput) -> bool:
+        """Whether launch(out) replays a captured graph (cheap) rather than launching the
+        forward kernel by kernel (host-bound: tens of ms for a large model)."""
+        if self.device.type != "cuda" or any(r.spec_token_ids for r in out.requests):
+            return False
+        graphs, pw = self.graphs, self.piecewise
+        if graphs is not None and 0 < len(out.requests) == out.num_decodes <= graphs.max_bs:
+            return True
+        return pw is not None and pw.can_run(sum(out.num_new_tokens))
 
     def begin_step(self) -> None:
         """Open the step's GPU interval early (the engine calls this before a draft model
@@ -194,6 +242,12 @@ class ModelRunner:
             self.draft.forward(batch.input_ids[nd:], batch.positions[nd:], prefill_tail(meta))
         return hidden
 
+    def _piecewise_for(self, batch) -> PiecewiseGraphs | None:
+        pw = self.piecewise
+        if pw is None or batch.has_drafts or not pw.can_run(batch.input_ids.shape[0]):
+            return None
+        return pw
+
     def _graphs_for(self, batch) -> StepGraphs | None:
         if batch.has_drafts:
             graphs = self.verify_graphs
@@ -212,7 +266,7 @@ class ModelRunner:
             return StepGraphs(
                 forward, self.model.compute_logits,
                 vocab_size=self.model_config.vocab_size,
-                num_kv_heads=self.model_config.num_kv_heads, device=self.device,
+                num_kv_heads=self.shape.num_kv_heads, device=self.device,
                 max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
                 block_size=self.block_size, query_len=query_len,
             )  # fmt: skip
@@ -223,6 +277,13 @@ class ModelRunner:
             pool = self.verify_graphs.capture(pool)
         self.graphs = step_graphs(1)
         pool = self.graphs.capture(pool)
+        if self.config.use_piecewise_graphs and self.draft is None:
+            self.piecewise = PiecewiseGraphs(
+                self.model, self.kv_caches, self.cos_sin, device=self.device, dtype=self.dtype,
+                max_tokens=min(self.config.piecewise_max_tokens,
+                               self.config.max_num_batched_tokens),
+            )  # fmt: skip
+            pool = self.piecewise.capture(pool)
         if self.draft is not None:
             self.draft.capture_graphs(
                 self.config.num_speculative_tokens, max_num_seqs, self.max_model_len, pool
@@ -241,7 +302,7 @@ class ModelRunner:
         blocks_per_seq = -(-max(lens) // self.block_size)
         num_blocks = num_seqs * blocks_per_seq
         scratch = allocate_kv_caches(
-            self.model_config, num_blocks, self.block_size, self.dtype, self.device
+            self.shape, num_blocks, self.block_size, self.kv_dtype, self.device
         )
         tables = torch.arange(num_blocks, dtype=torch.int32, device=self.device).view(num_seqs, -1)
         qsl = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32, device=self.device)

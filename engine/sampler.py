@@ -73,23 +73,27 @@ class HostCopy:
 
     host: torch.Tensor | None = None
     event: torch.cuda.Event | None = None
-    ready: list | None = None  # already on the host (CPU tensors, synchronous paths)
+    values: list | None = None  # already on the host (CPU tensors, synchronous paths)
 
     @classmethod
     def start(cls, t: torch.Tensor) -> HostCopy:
         if t.device.type != "cuda":
-            return cls(ready=t.tolist())
+            return cls(values=t.tolist())
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         return cls(host, event)
 
+    def done(self) -> bool:
+        """True once wait() would not block."""
+        return self.values is not None or self.event.query()
+
     def wait(self) -> list:
-        if self.ready is None:
+        if self.values is None:
             self.event.synchronize()
-            self.ready = self.host.tolist()
-        return self.ready
+            self.values = self.host.tolist()
+        return self.values
 
 
 def to_host_list(t: torch.Tensor) -> list:

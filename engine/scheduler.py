@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.request import Priority, Request, RequestStatus
 from engine.spec_policy import observe_acceptance
+from engine.step_cost import PrefillPolicy, StepFeatures, chunk_pairs
 
 
 @dataclass(slots=True)
@@ -29,6 +30,7 @@ class SchedulerOutput:
     num_decodes: int = 0
     failed: list[Request] = field(default_factory=list)
     num_preempted: int = 0
+    features: StepFeatures | None = None  # the step's shape, for the cost model
 
     @property
     def total_tokens(self) -> int:
@@ -48,6 +50,7 @@ class Scheduler:
         max_num_seqs: int,
         max_preemptions: int,
         eos_token_ids: tuple[int, ...] = (),
+        prefill_policy: PrefillPolicy | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -61,6 +64,9 @@ class Scheduler:
         self._admissions = 0
         self.num_spec_draft_tokens = 0  # engine totals, for metrics
         self.num_spec_accepted_tokens = 0
+        # None: every step may fill its whole budget with prefill; else step_cost.py decides.
+        self.prefill_policy = prefill_policy
+        self.last_features: StepFeatures | None = None
 
     # -- queue management ----------------------------------------------------------------
 
@@ -108,11 +114,17 @@ class Scheduler:
         scheduled: dict[Request, int] = {}
 
         self.running.sort(key=lambda r: (r.priority, r.admitted_seq))
+        prefill_left = self._prefill_allowance(budget)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_pending = request.num_tokens - request.num_computed_tokens
             num_new = min(num_pending, budget)
+            if num_pending > 1:  # a prompt chunk: within the step's prefill allowance
+                num_new = min(num_new, prefill_left)
+                if num_new <= 0:
+                    i += 1
+                    continue
             # Draft slots (speculative decoding) only for decodes, only from leftover budget,
             # and never at the cost of a preemption: without room they are simply dropped.
             num_drafts = min(request.spec_slots, budget - 1) if num_pending == 1 else 0
@@ -129,24 +141,41 @@ class Scheduler:
                     self._fail_unfittable(request, out)
                     break
                 victim = max(self.running, key=lambda r: (r.priority, r.admitted_seq))
-                budget += scheduled.pop(victim, 0)
+                freed = scheduled.pop(victim, 0)
+                budget += freed
+                if freed > 1:
+                    prefill_left += freed
                 self._preempt(victim, out)
                 if victim is request:
                     break
             else:
                 scheduled[request] = num_new
                 budget -= num_new
+                if num_pending > 1:
+                    prefill_left -= num_new
                 i += 1
 
         if out.num_preempted == 0:
-            budget = self._admit_waiting(budget, scheduled, out)
+            self._admit_waiting(budget, prefill_left, scheduled, out)
 
+        if self.prefill_policy is not None:
+            out.features = self.last_features = _features(scheduled.items())
         self._order(out, scheduled.items())
         now = time.time()
         for request in out.requests:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         return out
+
+    def _prefill_allowance(self, budget: int) -> int:
+        if self.prefill_policy is None:
+            return budget
+        decodes, prefills = [], []
+        for r in self.running:
+            (decodes if r.num_tokens - r.num_computed_tokens == 1 else prefills).append(r)
+        for priority in Priority:
+            prefills.extend(self.waiting[priority])
+        return self.prefill_policy.allowance(decodes, prefills, budget, time.time())
 
     @staticmethod
     def _order(out: SchedulerOutput, items) -> None:
@@ -175,12 +204,14 @@ class Scheduler:
                 _clear_drafts(request)
 
     def _admit_waiting(
-        self, budget: int, scheduled: dict[Request, int], out: SchedulerOutput
-    ) -> int:
+        self, budget: int, prefill_left: int, scheduled: dict[Request, int], out: SchedulerOutput
+    ) -> None:
+        """Admits waiting requests (interactive first) while the step's token budget, its
+        prefill allowance, sequence slots and KV blocks last."""
         bm = self.block_manager
         for priority in Priority:
             queue = self.waiting[priority]
-            while queue and budget > 0:
+            while queue and budget > 0 and prefill_left > 0:
                 if len(self.running) >= self.max_num_seqs:
                     # Every sequence slot is taken: an interactive request takes a batch
                     # request's seat, as it would take its memory below.
@@ -196,16 +227,16 @@ class Scheduler:
                     continue
                 hits = bm.find_cached_prefix(request)
                 num_computed = len(hits) * bm.block_size
-                num_new = min(request.num_tokens - num_computed, budget)
+                num_new = min(request.num_tokens - num_computed, budget, prefill_left)
                 while not bm.allocate_slots(request, num_new, hits):
                     if priority is not Priority.INTERACTIVE or not self._preempt_batch(
                         scheduled, out
                     ):
                         # Head of line blocks: a batch request must not take the memory an
                         # interactive one is waiting for, nor jump its own queue.
-                        return budget
+                        return
                     budget = self.max_num_batched_tokens - sum(scheduled.values())
-                    num_new = min(request.num_tokens - num_computed, budget)
+                    num_new = min(request.num_tokens - num_computed, budget, prefill_left)
                 queue.popleft()
                 bm.prefix_cache_queries += request.num_tokens
                 bm.prefix_cache_hits += num_computed
@@ -219,9 +250,9 @@ class Scheduler:
                 self.running.append(request)
                 scheduled[request] = num_new
                 budget -= num_new
+                prefill_left -= num_new
             if out.num_preempted:
                 break  # batch requests just preempted must not be re-admitted this step
-        return budget
 
     def _preempt_batch(
         self, scheduled: dict[Request, int], out: SchedulerOutput, *, for_seat: bool = False
@@ -340,6 +371,20 @@ class Scheduler:
         if num_out >= request.max_tokens:
             return "length"
         return None
+
+
+def _features(items) -> StepFeatures:
+    """The step's shape before it runs (num_computed_tokens has not advanced yet)."""
+    decodes = context = tokens = 0
+    pairs = 0.0
+    for request, n in items:
+        if request.num_tokens - request.num_computed_tokens == 1:  # a decode (maybe drafts)
+            decodes += 1
+            context += request.num_tokens
+        else:
+            tokens += n
+            pairs += chunk_pairs(n, request.num_computed_tokens)
+    return StepFeatures(decodes, context, tokens, pairs)
 
 
 def _clear_drafts(request: Request) -> None:

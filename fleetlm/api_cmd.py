@@ -16,21 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from api.main import create_app
+    from api.server import serve
     from service.embedded import resolve_urls
     from service.logging_setup import configure_logging
     from service.settings import Settings
-
-    class DrainingServer(uvicorn.Server):
-        # First SIGTERM/SIGINT: drain (api/drain.py), then exit as uvicorn does; a second: now.
-        def handle_exit(self, sig: int, frame: object) -> None:
-            drain = app.state.drain
-            if drain.draining:
-                super().handle_exit(sig, frame)  # type: ignore[arg-type]
-            else:
-                drain.start(lambda: super(DrainingServer, self).handle_exit(sig, None))
 
     overrides = {
         k: v for k, v in (("model", args.model), ("host", args.host), ("port", args.port)) if v
@@ -38,14 +28,5 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(**overrides)
     configure_logging("api", settings.log_format, settings.log_level)
     redis_url, database_url = resolve_urls(settings, args.data_dir)
-    app = create_app(settings, redis_url, database_url)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        log_config=None,
-        timeout_graceful_shutdown=5,
-    )
-    DrainingServer(config).run()
+    serve(create_app(settings, redis_url, database_url), settings)
     return 0

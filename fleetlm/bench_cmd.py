@@ -24,21 +24,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
     e.add_argument("--num-kv-blocks", type=int, default=None)
+    e.add_argument("--quantization", choices=("fp8",), default=None, help="FP8 weights")
+    e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    e.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (one process each)")
     e.add_argument("--json", default=None, help="write the results here")
     e.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from engine import EngineConfig, LLMEngine
-    from fleetlm.bench.engine_bench import run_workload
-    from fleetlm.bench.workloads import SEED_TRAFFIC, describe, generate, nano
 
     engine = LLMEngine(
         EngineConfig(
             model=args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+            tensor_parallel_size=args.tensor_parallel_size,
         )
     )  # fmt: skip
+    try:
+        return _bench(args, engine)
+    finally:
+        engine.shutdown()  # a tensor-parallel engine's other ranks
+
+
+def _bench(args: argparse.Namespace, engine) -> int:
+    from fleetlm.bench.engine_bench import run_workload
+    from fleetlm.bench.workloads import SEED_TRAFFIC, describe, generate, nano
+
     vocab = engine.model_config.vocab_size
     room = engine.max_model_len
     runs: dict[str, dict] = {}
@@ -75,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "workload": args.workload, "runs": runs}, f, indent=2)
+            config = {k: getattr(args, k) for k in ("dtype", "quantization", "kv_cache_dtype",
+                                                     "tensor_parallel_size")}  # fmt: skip
+            json.dump({"model": args.model, "workload": args.workload, "engine": config,
+                       "runs": runs}, f, indent=2)  # fmt: skip
     bad = [n for r in runs.values() for n in r["unexpected_finishes"]]
     if bad:
         print(f"fleetlm bench: {len(bad)} requests ended unexpectedly: {bad[:5]}", file=sys.stderr)

@@ -146,14 +146,14 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
         api_key = server.api_key if server else (args.api_key or os.environ.get("OPENAI_API_KEY"))
         if not api_key:
             raise SystemExit("fleetlm bench serve: --api-key (or $OPENAI_API_KEY) is required")
-        model, max_len = _served_model(base_url, api_key, args.model)
+        model, max_len, served_vocab = _served_model(base_url, api_key, args.model)
         result["model"] = model
         local = args.model
         if local is None and server is not None:
             from service.settings import Settings
 
             local = Settings().model  # what the launched server loads
-        plan = _plan(args, spec, max_len, _vocab(args, local or model))
+        plan = _plan(args, spec, max_len, _vocab(args, local or model, served_vocab))
         target = Target(base_url, api_key, model, endpoint=args.endpoint)
         reader = None
         if server is not None:
@@ -220,9 +220,10 @@ def _plan(args, spec, max_model_len: int | None, vocab: tuple[int, frozenset[int
     )  # fmt: skip
 
 
-def _vocab(args, model: str | None) -> tuple[int, frozenset[int]]:
-    """Token ids to draw prompts from: the model's vocabulary without its special tokens when
-    the model is known here (a preset or a local checkpoint), else below --vocab-size."""
+def _vocab(args, model: str | None, served: int | None = None) -> tuple[int, frozenset[int]]:
+    """Token ids to draw prompts from: --vocab-size if given; the model's vocabulary without
+    its special tokens when the model is known here (a preset or a local checkpoint); the
+    vocabulary the server's model card states (fleetlm's does); else below 32,000."""
     if args.vocab_size:
         return args.vocab_size, frozenset()
     if model:
@@ -234,10 +235,12 @@ def _vocab(args, model: str | None) -> tuple[int, frozenset[int]]:
             return size, frozenset(Tokenizer.for_model(model).all_special_ids)
         except (OSError, ValueError, KeyError):
             pass
-    return 32000, frozenset()
+    return (served or 32000), frozenset()
 
 
-def _served_model(base_url: str, api_key: str, wanted: str | None) -> tuple[str, int | None]:
+def _served_model(
+    base_url: str, api_key: str, wanted: str | None
+) -> tuple[str, int | None, int | None]:
     req = urllib.request.Request(
         base_url + "/models", headers={"Authorization": f"Bearer {api_key}"}
     )
@@ -246,7 +249,7 @@ def _served_model(base_url: str, api_key: str, wanted: str | None) -> tuple[str,
     if not cards:
         raise SystemExit("fleetlm bench serve: the server lists no model")
     card = next((c for c in cards if c["id"] == wanted), None) or cards[0]
-    return card["id"], card.get("max_model_len")
+    return card["id"], card.get("max_model_len"), card.get("vocab_size")
 
 
 def _machine() -> dict:

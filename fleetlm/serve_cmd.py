@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetlm.worker_cmd import add_engine_flags, engine_flag_values
+
 if TYPE_CHECKING:
     from service.embedded import EmbeddedServices
     from service.settings import Settings
@@ -33,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory or preset name")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
-    p.add_argument("--workers", type=int, default=None, help="default: one per visible GPU, or 1")
+    p.add_argument("--workers", type=int, default=None,
+                   help="default: one per tensor-parallel group of visible GPUs, or 1")  # fmt: skip
+    add_engine_flags(p)
     p.set_defaults(func=run)
 
 
@@ -121,6 +125,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     from service.settings import Settings
 
     flags = {"model": args.model, "host": args.host, "port": args.port, "data_dir": args.data_dir}
+    flags |= engine_flag_values(args)
     return Settings(**{k: v for k, v in flags.items() if v is not None})
 
 
@@ -145,18 +150,49 @@ def child_env(redis_url: str, database_url: str) -> dict[str, str]:
     return {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url}
 
 
-def _children(args: argparse.Namespace, settings: Settings, env: dict[str, str]) -> list[Child]:
-    """The API first, then the workers, Celery, and the metering writer last: children stop in
-    this order (the API drains while the workers still run; the writer writes what they
-    metered)."""
+def cpu_torch_threads(settings: Settings, num_workers: int) -> tuple[int, str]:
+    """CPU workers' torch threads (workers/torch_threads.py) and where the number comes from."""
+    from workers.torch_threads import RESERVED_CORES, cpu_worker_threads, usable_cores
+
+    if settings.torch_threads:
+        return settings.torch_threads, "FLEETLM_TORCH_THREADS"
+    cores = usable_cores()
+    threads = cpu_worker_threads(num_workers, cores)
+    why = f"{cores} core(s), {RESERVED_CORES} left for the API and services"
+    return threads, f"{why}; FLEETLM_TORCH_THREADS overrides"
+
+
+def _children(
+    args: argparse.Namespace, settings: Settings, env: dict[str, str]
+) -> tuple[list[Child], str]:
+    """The API first, then the workers, Celery, and the metering writer last. On the way out the
+    API and the workers drain together, then the rest stop (the writer writes what the workers
+    metered). Also says what the workers run on."""
+    from workers.tp_group import visible_devices, worker_gpu_groups
+
     cli = [sys.executable, "-m", "fleetlm.cli"]
     children = [Child("api", [*cli, "api"], env)]
     num_gpus = count_gpus()
-    num_workers = args.workers if args.workers is not None else max(1, num_gpus)
-    for i in range(num_workers):
+    # A worker is a tensor-parallel group: rank 0's process, which starts the other ranks.
+    try:
+        groups = worker_gpu_groups(num_gpus, settings.tensor_parallel_size, args.workers)
+    except ValueError as exc:
+        raise SystemExit(f"fleetlm serve: {exc}") from None
+    num_workers = len(groups)
+    on_cpu = settings.device == "cpu" or (settings.device == "auto" and not num_gpus)
+    processes = num_workers * settings.tensor_parallel_size  # every rank is a process
+    threads, why = cpu_torch_threads(settings, processes) if on_cpu else (0, "")
+    workers = f"{num_workers} {'CPU' if on_cpu else 'GPU'} worker(s)"
+    if settings.tensor_parallel_size > 1:
+        workers += f" of {settings.tensor_parallel_size} ranks"
+    if on_cpu and num_workers:
+        workers += f", {threads} torch thread(s) each ({why})"
+    for i, gpus in enumerate(groups):
         worker_env = dict(env)
-        if num_gpus:
-            worker_env["CUDA_VISIBLE_DEVICES"] = str(i % num_gpus)
+        if gpus:
+            worker_env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpus)
+        if on_cpu:
+            worker_env["FLEETLM_TORCH_THREADS"] = str(threads)
         if settings.worker_metrics_port:
             worker_env["FLEETLM_WORKER_METRICS_PORT"] = str(settings.worker_metrics_port + i)
         children.append(Child(f"worker-{i}", [*cli, "worker"], worker_env))
@@ -166,7 +202,7 @@ def _children(args: argparse.Namespace, settings: Settings, env: dict[str, str])
         argv = [*cli, "celery", role, "--pidfile", pidfile]
         children.append(Child(f"celery-{role}", argv, env))
     children.append(Child("metering", [*cli, "metering"], env))
-    return children
+    return children, workers
 
 
 def _supervise(children: list[Child], services: EmbeddedServices, stop: StopRequest) -> int:
@@ -229,16 +265,16 @@ def run(args: argparse.Namespace) -> int:
             FLEETLM_PORT=str(settings.port),
             FLEETLM_DATA_DIR=str(data_dir),
         )
-        children = _children(args, settings, env)
+        env.update({f"FLEETLM_{k.upper()}": str(v) for k, v in engine_flag_values(args).items()})
+        children, workers = _children(args, settings, env)
         for child in children:
             child.start()
         base = f"http://{settings.host}:{settings.port}"
         _wait_healthy(base, children[0], timeout_s=120)
-        num_workers = sum(c.name.startswith("worker-") for c in children)
         print(f"fleetlm: serving {settings.model_name} at {base}/v1", flush=True)
         print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
         print(f"fleetlm: admin key in {data_dir / 'operator-key'}", flush=True)
-        print(f"fleetlm: {num_workers} worker(s); Ctrl-C stops everything", flush=True)
+        print(f"fleetlm: {workers}; Ctrl-C stops everything", flush=True)
         return _supervise(children, services, stop)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

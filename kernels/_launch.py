@@ -10,6 +10,7 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+KV_CACHE_DTYPES = (*FLOAT_DTYPES, torch.float8_e4m3fn)  # e4m3: the FP8 KV cache
 
 
 def interpreting() -> bool:
@@ -128,11 +129,13 @@ def check_paged_attention(
     """The arguments both paged-attention launchers take.
     q: [num_tokens, num_heads, head_dim]; k_cache/v_cache: [num_blocks, block_size,
     num_kv_heads, head_dim]; block_tables: [num_seqs, max_blocks_per_seq]; seq_lens: [num_seqs].
+    The caches hold q's dtype, or e4m3 (the FP8 KV cache) for both.
     """
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     device = q.device
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=device)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=device)
+    cache_dtypes = (q.dtype, torch.float8_e4m3fn)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=cache_dtypes, device=device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=device)
     check_tensor("block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES, device=device)
     check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=device)
     _, num_heads, head_dim = q.shape

@@ -5,6 +5,8 @@
 #   block_tables:    [num_seqs, max_blocks_per_seq] int32
 #   seq_lens:        [num_seqs] int32, keys per sequence including the current token; a padded
 #                    CUDA-graph row has seq_len 0 and its output is ignored (must not fault)
+#   k_scale/v_scale: host floats; an FP8 (e4m3) cache holds K / k_scale and V / v_scale (a
+#                    float cache ignores them)
 #
 # Triton version (`paged_decode_attention`): split-KV "flash decoding", GQA-aware.
 #   * one program per (sequence, KV head, split); the query heads of that KV head's group are the
@@ -28,6 +30,7 @@ from kernels._launch import (
     num_sms,
     output_buffer,
 )
+from kernels.fp8_quant import kv_scales
 
 
 def paged_decode_attention_ref(
@@ -38,10 +41,13 @@ def paged_decode_attention_ref(
     seq_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     if out is None:
         out = torch.empty_like(q)
     max_len = int(seq_lens.max().item()) if num_seqs else 0
@@ -51,8 +57,8 @@ def paged_decode_attention_ref(
     num_blocks = (max_len + block_size - 1) // block_size
     blocks = block_tables[:, :num_blocks].long()
     # k, v: [num_seqs, num_blocks * block_size, num_kv_heads, head_dim]
-    k = k_cache[blocks].flatten(1, 2).float()
-    v = v_cache[blocks].flatten(1, 2).float()
+    k = k_cache[blocks].flatten(1, 2).float() * k_scale
+    v = v_cache[blocks].flatten(1, 2).float() * v_scale
     # qg: [num_seqs, num_kv_heads, group, head_dim]
     qg = q.float().view(num_seqs, num_kv_heads, group, head_dim)
     scores = torch.einsum("bhgd,bthd->bhgt", qg, k) * scale
@@ -87,7 +93,8 @@ def _decode_split_kernel(
     part_max_ptr,  # [num_seqs, num_heads, num_splits] float32, running max (log2 domain)
     part_sum_ptr,  # [num_seqs, num_heads, num_splits] float32, sum of exp2(s - max)
     part_acc_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM] float32, unnormalised P @ V
-    qk_scale,  # softmax scale * log2(e): scores go straight to exp2
+    qk_scale,  # softmax scale * k_scale * log2(e): scores go straight to exp2
+    v_scale,  # FP8 cache: the accumulated P @ V times this
     num_heads,
     num_splits,
     stride_q_seq,
@@ -107,6 +114,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     BLOCK_N: tl.constexpr,  # keys per tile
     NUM_SPLITS_IS_ONE: tl.constexpr,
+    KV_FP8: tl.constexpr,  # e4m3 cache: tiles are converted to q's dtype after loading
     UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
     DOT_PRECISION: tl.constexpr,
 ):
@@ -157,6 +165,8 @@ def _decode_split_kernel(
             + offs_d[None, :]
         )
         k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         # scores [BLOCK_G, BLOCK_N] in the log2 domain
@@ -176,10 +186,14 @@ def _decode_split_kernel(
             + offs_d[None, :]
         )
         v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         if UPCAST_DOT:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    if KV_FP8:
+        acc = acc * v_scale
 
     if NUM_SPLITS_IS_ONE:
         # out[seq, heads, d]; an empty context (seq_len 0) gives zeros, like the reference
@@ -308,6 +322,8 @@ def paged_decode_attention(
     max_seq_len: int,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Triton twin of `paged_decode_attention_ref` (split-KV, GQA-aware).
 
@@ -341,6 +357,7 @@ def paged_decode_attention(
     check_launchable(q)
 
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     BLOCK_G = max(16, next_power_of_2(group))
     BLOCK_N = BLOCK_N_DEFAULT if head_dim <= 128 else 32
     upcast, precision = dot_config(q.dtype)
@@ -364,7 +381,8 @@ def paged_decode_attention(
         part_max,
         part_sum,
         part_acc,
-        float(scale) * LOG2E,
+        float(scale) * float(k_scale) * LOG2E,
+        float(v_scale),
         num_heads,
         num_splits,
         q.stride(0),
@@ -384,6 +402,7 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=BLOCK_N,
         NUM_SPLITS_IS_ONE=num_splits == 1,
+        KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
         UPCAST_DOT=upcast,
         DOT_PRECISION=precision,
         num_warps=NUM_WARPS,

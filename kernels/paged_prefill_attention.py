@@ -5,6 +5,8 @@
 #   block_tables:    [num_seqs, max_blocks_per_seq] int32
 #   seq_lens:        [num_seqs] int32, keys of each sequence after this step (cached + chunk)
 #   query_start_loc: [num_seqs + 1] int32, cumulative query lengths
+#   k_scale/v_scale: host floats; an FP8 (e4m3) cache holds K / k_scale and V / v_scale (a
+#                    float cache ignores them)
 # Query j of sequence i (0-based in its chunk) sits at position seq_len - q_len + j and sees
 # keys 0 ..= that position. Decode is the q_len == 1 case; speculative verification is q_len > 1.
 #
@@ -29,6 +31,7 @@ from kernels._launch import (
     host_int,
     output_buffer,
 )
+from kernels.fp8_quant import kv_scales
 
 
 def paged_prefill_attention_ref(
@@ -41,10 +44,13 @@ def paged_prefill_attention_ref(
     max_query_len: int,
     scale: float,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     num_heads = q.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     if out is None:
         out = torch.empty_like(q)
     starts = query_start_loc.tolist()
@@ -57,8 +63,8 @@ def paged_prefill_attention_ref(
         num_blocks = (seq_len + block_size - 1) // block_size
         blocks = block_tables[i, :num_blocks].long()
         # k, v: [seq_len, num_kv_heads, head_dim] → [num_heads, seq_len, head_dim]
-        k = k_cache[blocks].flatten(0, 1)[:seq_len].float()
-        v = v_cache[blocks].flatten(0, 1)[:seq_len].float()
+        k = k_cache[blocks].flatten(0, 1)[:seq_len].float() * k_scale
+        v = v_cache[blocks].flatten(0, 1)[:seq_len].float() * v_scale
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)
         qi = q[q_start:q_end].float().transpose(0, 1)  # [num_heads, q_len, head_dim]
@@ -99,6 +105,7 @@ def _attend_tile(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,  # False: every key of the tile is visible to every row
+    KV_FP8: tl.constexpr,  # e4m3 cache: tiles are converted to q's dtype after loading
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -130,6 +137,8 @@ def _attend_tile(
         k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs)
+    if KV_FP8:
+        k = k.to(q.dtype)
     if UPCAST_DOT:
         k = k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
@@ -145,6 +154,8 @@ def _attend_tile(
         v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
+    if KV_FP8:
+        v = v.to(q.dtype)
     if UPCAST_DOT:
         v = v.to(tl.float32)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -164,7 +175,8 @@ def _prefill_kernel(
     seq_lens_ptr,  # [num_seqs]
     query_start_loc_ptr,  # [num_seqs + 1]
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * k_scale * log2(e)
+    v_scale,  # FP8 cache: the output times this
     stride_q_tok,
     stride_q_head,
     stride_kc_block,
@@ -181,6 +193,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     BLOCK_M: tl.constexpr,  # (query, group head) rows per program
     BLOCK_N: tl.constexpr,  # keys per tile
+    KV_FP8: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -226,16 +239,18 @@ def _prefill_kernel(
         m_i, l_i, acc = _attend_tile(
             q, q_pos, m_i, l_i, acc, n0, kv_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
             stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, UPCAST_DOT, DOT_PRECISION,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, KV_FP8, UPCAST_DOT, DOT_PRECISION,
         )  # fmt: skip
     for n0 in range(full_end, kv_end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, q_pos, m_i, l_i, acc, n0, kv_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
             stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, UPCAST_DOT, DOT_PRECISION,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, KV_FP8, UPCAST_DOT, DOT_PRECISION,
         )  # fmt: skip
 
     o = acc / l_i[:, None]  # l_i >= 1: each row's max key contributes exp2(0)
+    if KV_FP8:
+        o = o * v_scale
     # out[tok, heads, d]
     o_ptrs = (
         out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :]
@@ -264,6 +279,8 @@ def paged_prefill_attention(
     scale: float,
     *,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Triton twin of `paged_prefill_attention_ref` (causal varlen over the paged cache).
 
@@ -286,6 +303,7 @@ def paged_prefill_attention(
     check_launchable(q)
 
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     rows = max_query_len * group  # (query, group head) rows of the longest chunk
     upcast, precision = dot_config(q.dtype)
     big_tile = q.dtype != torch.float32 and head_dim <= 128
@@ -301,7 +319,8 @@ def paged_prefill_attention(
         seq_lens,
         query_start_loc,
         out,
-        float(scale) * LOG2E,
+        float(scale) * float(k_scale) * LOG2E,
+        float(v_scale),
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -318,6 +337,7 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size,
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
+        KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
         UPCAST_DOT=upcast,
         DOT_PRECISION=precision,
         num_warps=8 if BLOCK_M >= 128 else 4,

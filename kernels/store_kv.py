@@ -3,6 +3,8 @@
 #   k_cache/v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 #   slot_mapping:    [num_tokens] int64, slot = block_id * block_size + offset; slot < 0 = skip
 # (padding tokens of a CUDA-graph batch carry slot -1).
+# An FP8 (e4m3) cache stores clamp(K / k_scale) and clamp(V / v_scale), rounded to nearest even;
+# the attention kernels multiply the scales back in.
 import torch
 import triton
 import triton.language as tl
@@ -10,13 +12,23 @@ import triton.language as tl
 from kernels._launch import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    KV_CACHE_DTYPES,
     check_contiguous,
     check_last_dim_contiguous,
     check_launchable,
     check_shape,
     check_tensor,
+    interpreting,
     next_power_of_2,
 )
+from kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, round_to_e4m3
+
+
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """K or V rows as the cache stores them."""
+    if dtype == FP8_DTYPE:
+        return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    return x.to(dtype)
 
 
 def store_kv_ref(
@@ -25,13 +37,15 @@ def store_kv_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
     k_flat = k_cache.view(-1, *k_cache.shape[2:])
     v_flat = v_cache.view(-1, *v_cache.shape[2:])
-    k_flat[slots] = key[valid].to(k_cache.dtype)
-    v_flat[slots] = value[valid].to(v_cache.dtype)
+    k_flat[slots] = to_cache_dtype(key[valid], k_cache.dtype, k_scale)
+    v_flat[slots] = to_cache_dtype(value[valid], v_cache.dtype, v_scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,6 +62,8 @@ def _store_kv_kernel(
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping_ptr,  # [num_tokens]
+    k_scale,  # FP8 cache: stored = value / scale
+    v_scale,
     num_kv_heads,
     head_dim,
     stride_k_tok,
@@ -63,6 +79,8 @@ def _store_kv_kernel(
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     BLOCK_H: tl.constexpr,  # KV heads per program
     BLOCK_D: tl.constexpr,  # head_dim rounded up to a power of two
+    QUANTIZE: tl.constexpr,  # the cache is e4m3
+    ROUND_IN_FP32: tl.constexpr,  # interpreter: see fp8_quant.round_to_e4m3
 ):
     tok = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -99,6 +117,9 @@ def _store_kv_kernel(
         + offs_h[:, None] * stride_vc_head
         + offs_d[None, :]
     )
+    if QUANTIZE:
+        k = round_to_e4m3(tl.clamp(k.to(tl.float32) / k_scale, -448.0, 448.0), ROUND_IN_FP32)
+        v = round_to_e4m3(tl.clamp(v.to(tl.float32) / v_scale, -448.0, 448.0), ROUND_IN_FP32)
     # the store casts to the cache dtype (e.g. float32 activations into a bf16 cache)
     tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -110,6 +131,8 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Triton twin of `store_kv_ref`: writes key/value rows into the paged cache in place.
 
@@ -117,9 +140,9 @@ def store_kv(
     contiguous. Slots are not range-checked (that would need a host sync): a slot >= num_blocks *
     block_size writes out of bounds, exactly like an out-of-range index on the GPU.
     """
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES)
     device = k_cache.device
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=FLOAT_DTYPES, device=device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=device)
     check_tensor("key", key, ndim=3, dtypes=FLOAT_DTYPES, device=device)
     check_tensor("value", value, ndim=3, dtypes=FLOAT_DTYPES, device=device)
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=INDEX_DTYPES, device=device)
@@ -148,6 +171,8 @@ def store_kv(
         k_cache,
         v_cache,
         slot_mapping,
+        float(k_scale),
+        float(v_scale),
         num_kv_heads,
         head_dim,
         key.stride(0),
@@ -163,5 +188,7 @@ def store_kv(
         BLOCK_SIZE=block_size,
         BLOCK_H=BLOCK_H,
         BLOCK_D=BLOCK_D,
+        QUANTIZE=k_cache.dtype == FP8_DTYPE,
+        ROUND_IN_FP32=interpreting(),
         num_warps=4 if BLOCK_H * BLOCK_D >= 1024 else 1,
     )

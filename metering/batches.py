@@ -16,6 +16,16 @@ from metering.batch_models import Batch
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 FINAL = ("completed", "failed", "expired", "cancelled")
 _WINDOW = re.compile(r"^(\d+)([smh])$")
+_BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
+
+
+def new_batch_id() -> str:
+    return f"batch_{secrets.token_hex(12)}"
+
+
+def is_batch_id(value: str) -> bool:
+    """Could this be a batch's id? Anything else cannot exist: no query needed to say so."""
+    return _BATCH_ID.fullmatch(value) is not None
 
 
 def window_seconds(window: str) -> int:
@@ -41,7 +51,7 @@ def create_batch(
 ) -> Batch:
     created = now()
     batch = Batch(
-        id=f"batch_{secrets.token_hex(12)}",
+        id=new_batch_id(),
         tenant_id=tenant_id,
         key_id=key_id,
         endpoint=endpoint,
@@ -61,6 +71,8 @@ def create_batch(
 def get_batch(
     session: Session, tenant_id: uuid.UUID, batch_id: str, *, lock: bool = False
 ) -> Batch | None:
+    if not is_batch_id(batch_id):
+        return None
     query = select(Batch).where(Batch.id == batch_id, Batch.tenant_id == tenant_id)
     return session.scalar(query.with_for_update() if lock else query)
 

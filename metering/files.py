@@ -1,6 +1,7 @@
 # File storage: bytes in Postgres, scoped to a tenant. Services never commit.
 from __future__ import annotations
 
+import re
 import secrets
 import uuid
 from datetime import UTC, datetime
@@ -10,9 +11,16 @@ from sqlalchemy.orm import Session, undefer
 
 from metering.batch_models import StoredFile
 
+_FILE_ID = re.compile(r"file-[0-9a-f]{24}")
+
 
 def new_file_id() -> str:
     return f"file-{secrets.token_hex(12)}"
+
+
+def is_file_id(value: str) -> bool:
+    """Could this be a file's id? Anything else cannot exist: no query needed to say so."""
+    return _FILE_ID.fullmatch(value) is not None
 
 
 def create_file(
@@ -35,6 +43,8 @@ def create_file(
 def get_file(
     session: Session, tenant_id: uuid.UUID, file_id: str, *, with_content: bool = False
 ) -> StoredFile | None:
+    if not is_file_id(file_id):
+        return None
     query = select(StoredFile).where(
         StoredFile.id == file_id,
         StoredFile.tenant_id == tenant_id,

@@ -27,7 +27,7 @@ UNLIMITED = -1
 
 # KEYS: running zset, the token counters' prefix. ARGV: max_running, tpm, tokens wanted,
 # request_id, lease seconds. Returns {admitted, exceeded, running, tokens used (rounded up),
-# the admission minute, ms until the request would fit}.
+# the admission minute, ms until the request would fit, ms until the window is empty again}.
 RESERVE_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -56,17 +56,24 @@ if tpm >= 0 and used + want > tpm then
   end
 end
 reset_ms = math.max(1, math.ceil(reset_ms))
+-- Until nothing counts any more: this minute's tokens count in full to its end, then decay
+-- over the next minute; the previous minute's share is gone at this minute's end.
+local function empty_ms(cur)
+  if cur > 0 then return math.ceil((120 - elapsed) * 1000) end
+  if previous > 0 then return math.ceil((60 - elapsed) * 1000) end
+  return 0
+end
 used = math.ceil(used)
 if max_running >= 0 and running >= max_running then
-  return {0, 'requests', running, used, window, reset_ms}
+  return {0, 'requests', running, used, window, reset_ms, empty_ms(current)}
 end
 if tpm >= 0 and used + want > tpm then
-  return {0, 'tokens', running, used, window, reset_ms}
+  return {0, 'tokens', running, used, window, reset_ms, empty_ms(current)}
 end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[4])
 redis.call('INCRBY', wkey, want)
 redis.call('EXPIRE', wkey, 180)  -- read as the previous minute during the next one
-return {1, '', running + 1, used + want, window, reset_ms}
+return {1, '', running + 1, used + want, window, reset_ms, empty_ms(current + want)}
 """
 
 # KEYS: running zset, the admission window's counter. ARGV: request_id, tokens to refund.
@@ -114,7 +121,8 @@ class Decision:
     running: int
     tokens_used: int
     window: int
-    reset_ms: int  # until the token window rolls over
+    reset_ms: int  # until the request would fit (Retry-After)
+    empty_ms: int  # until the token window counts nothing (x-ratelimit-reset-tokens)
 
 
 def reserve_args(limit: PriorityLimit, request_id: str, tokens: int, lease_s: float) -> list[Any]:
@@ -128,10 +136,12 @@ def reserve_args(limit: PriorityLimit, request_id: str, tokens: int, lease_s: fl
 
 
 def decision(raw: list) -> Decision:
-    admitted, exceeded, running, used, window, reset_ms = raw
+    admitted, exceeded, running, used, window, reset_ms, empty_ms = raw
     if isinstance(exceeded, bytes):
         exceeded = exceeded.decode()
-    return Decision(bool(admitted), exceeded, int(running), int(used), int(window), int(reset_ms))
+    return Decision(
+        bool(admitted), exceeded, int(running), int(used), int(window), int(reset_ms), int(empty_ms)
+    )
 
 
 def release_call(

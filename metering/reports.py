@@ -68,9 +68,20 @@ def usage_lines(
     return lines
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection); model
+# names and other text cells come from configuration and users, so such a cell gets a leading '.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralised(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def to_csv(lines: list[dict[str, Any]], group_by: tuple[str, ...]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=[*group_by, *METRICS, "cost"], lineterminator="\n")
     writer.writeheader()
-    writer.writerows(lines)
+    writer.writerows({k: neutralised(v) for k, v in line.items()} for line in lines)
     return out.getvalue()

@@ -2,6 +2,7 @@
 # commit: the caller's transaction does.
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -22,8 +23,25 @@ class LimitRow:
     tokens_per_minute: int | None
 
 
+# A tenant name is an identifier people type, read in listings, metric labels and CSV reports:
+# 1-64 characters, ASCII letters, digits, ".", "_" and "-", starting with a letter or digit (no
+# spaces, no control or direction characters, nothing a spreadsheet reads as a formula).
+TENANT_NAME_MAX_CHARS = 64
+TENANT_NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{TENANT_NAME_MAX_CHARS - 1}}}$"
+TENANT_NAME_RULE = (
+    f"1-{TENANT_NAME_MAX_CHARS} characters: letters A-Z and a-z, digits, '.', '_' and '-', "
+    "starting with a letter or digit"
+)
+_TENANT_NAME = re.compile(TENANT_NAME_PATTERN)
+
+
 class TenantError(ValueError):
     pass
+
+
+def check_tenant_name(name: str) -> None:
+    if _TENANT_NAME.fullmatch(name) is None:
+        raise TenantError(f"invalid tenant name {name!r}: {TENANT_NAME_RULE}")
 
 
 def tenant_by_name(session: Session, name: str) -> Tenant:
@@ -34,6 +52,7 @@ def tenant_by_name(session: Session, name: str) -> Tenant:
 
 
 def create_tenant(session: Session, name: str, *, admin: bool = False) -> tuple[Tenant, str]:
+    check_tenant_name(name)
     if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
         raise TenantError(f"tenant {name!r} already exists")
     tenant = Tenant(name=name)

@@ -19,7 +19,8 @@ class DeltaEvent(TypedDict):
     worker: str
     completion_tokens: int  # so far, this event's included: the position a reader has reached
     token_ids: list[int]  # this event's tokens: what another worker re-runs if this one dies
-    cached_tokens: NotRequired[int]  # on a request's first delta: prompt tokens found cached
+    # Of the prompt, once scheduled (per-chunk usage; a resuming worker bills the first run's).
+    cached_tokens: NotRequired[int]
 
 
 class ResumeEvent(TypedDict):

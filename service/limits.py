@@ -12,23 +12,34 @@ from service.context import AdmissionContext
 from service.errors import APIError
 from service.queued_request import QueuedRequest
 
-
-def _duration(ms: int) -> str:
-    return f"{max(ms, 0) / 1000:.3f}s"
+REQUESTS_RETRY_S = 1  # over the concurrency limit: retry after this long
 
 
-def _headers(limit: rl.PriorityLimit, d: rl.Decision) -> dict[str, str]:
+def duration(ms: int) -> str:
+    """OpenAI's format for the x-ratelimit-reset-* headers: "0s", "250ms", "7.5s", "1m30s"."""
+    ms = max(ms, 0)
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0s"
+    minutes, rest_ms = divmod(ms, 60_000)
+    seconds = f"{rest_ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{minutes}m{seconds}" if minutes else seconds
+
+
+def _headers(limit: rl.PriorityLimit, d: rl.Decision, retry_s: int) -> dict[str, str]:
     headers: dict[str, str] = {}
     if limit.max_concurrency is not None:
+        remaining = max(0, limit.max_concurrency - d.running)
         headers["x-ratelimit-limit-requests"] = str(limit.max_concurrency)
-        headers["x-ratelimit-remaining-requests"] = str(max(0, limit.max_concurrency - d.running))
-        headers["x-ratelimit-reset-requests"] = "1s"  # a slot frees when a request ends
+        headers["x-ratelimit-remaining-requests"] = str(remaining)
+        # A slot frees when a running request ends, which nobody can know: while one is free,
+        # now; else the retry interval.
+        headers["x-ratelimit-reset-requests"] = duration(0 if remaining else retry_s * 1000)
     if limit.tokens_per_minute is not None:
         headers["x-ratelimit-limit-tokens"] = str(limit.tokens_per_minute)
         headers["x-ratelimit-remaining-tokens"] = str(
             max(0, limit.tokens_per_minute - d.tokens_used)
         )
-        headers["x-ratelimit-reset-tokens"] = _duration(d.reset_ms)
+        headers["x-ratelimit-reset-tokens"] = duration(d.empty_ms)
     return headers
 
 
@@ -54,7 +65,7 @@ async def reserve(
         *rl.reserve_args(limit, queued.request_id, tokens, state.settings.limit_lease_s),
     )
     d = rl.decision(raw)
-    headers = _headers(limit, d)
+    headers = _headers(limit, d, REQUESTS_RETRY_S)
     if d.admitted:
         queued.reservation = rl.Reservation(d.window, tokens)
         return headers
@@ -77,7 +88,7 @@ async def reserve(
             f"Rate limit reached for the {queued.priority} priority: concurrent requests "
             f"(limit {limit.max_concurrency}, running {d.running})."
         )
-        retry_after = 1
+        retry_after = REQUESTS_RETRY_S
     headers["retry-after"] = str(max(1, retry_after))
     raise APIError(429, message, type=d.exceeded, code="rate_limit_exceeded", headers=headers)
 

@@ -1,5 +1,6 @@
 # Request preparation shared by the HTTP routes and the batch runner: the model and context
-# checks, tokenisation (the chat template) and the queued request. Raises APIError.
+# checks, tokenisation (the chat template) and the queued request. Raises APIError. CPU-bound
+# (a prompt of megabytes takes a while): the API runs it in its threadpool, off the event loop.
 from __future__ import annotations
 
 import time
@@ -38,6 +39,25 @@ def check_context(
         )
 
 
+def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: int) -> None:
+    """The limits a schema cannot state: they depend on settings, the vocabulary or the prompt."""
+    max_chars = state.settings.max_stop_chars
+    if any(len(s) > max_chars for s in body.stop or ()):
+        raise invalid_param("stop", f"each stop sequence must be at most {max_chars} characters")
+    vocab = state.tokenizer.vocab_size
+    if any(t >= vocab for t in body.stop_token_ids or ()):
+        raise invalid_param("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
+    # min_tokens is bounded by max_tokens (SamplingRequest.sampling) or, without it, by the room
+    # the context leaves after the prompt.
+    room = state.model_card.max_model_len - num_prompt
+    if body.effective_max_tokens() is None and body.min_tokens > room:
+        raise invalid_param(
+            "min_tokens",
+            f"min_tokens ({body.min_tokens}) exceeds the {room} tokens the context leaves after "
+            "the prompt",
+        )
+
+
 def build_request(
     request_id: str,
     body: SamplingRequest,
@@ -69,6 +89,7 @@ def prepare_chat(
     except Exception as exc:  # template errors are the request's fault (bad roles, order, ...)
         raise invalid_param("messages", f"could not apply the chat template: {exc}") from exc
     check_context(state, len(prompt), body.effective_max_tokens(), "messages")
+    check_sampling(state, body, len(prompt))
     return build_request(request_id, body, principal, "chat.completions", prompt)
 
 
@@ -86,4 +107,5 @@ def prepare_completion(
     if not prompt:
         raise invalid_param("prompt", "the prompt is empty")
     check_context(state, len(prompt), body.max_tokens, "prompt")
+    check_sampling(state, body, len(prompt))
     return build_request(request_id, body, principal, "completions", prompt)

@@ -46,6 +46,17 @@ class Settings(BaseSettings):
     relay_poll_s: float = 0.5  # how often a waiting relay checks its worker's heartbeat
     api_key_cache_s: float = 10.0  # how long a verified API key is trusted without a DB read
     limit_lease_s: float = 3600.0  # a concurrency slot not released by then frees itself
+    # Hostile-input bounds (docs/operations.md#limits). A request body over max_request_bytes is
+    # refused before parsing (None: 32 bytes per token of context, at least 1 MiB; uploads to
+    # /v1/files are bounded by file_max_bytes instead).
+    max_request_bytes: int | None = Field(None, gt=0)
+    header_timeout_s: float = Field(10.0, gt=0)  # request line + headers, from connect/last reply
+    body_timeout_s: float = Field(30.0, gt=0)  # a whole request body, from its headers
+    upload_timeout_s: float = Field(600.0, gt=0)  # ... of an upload to /v1/files
+    max_stop_chars: int = Field(1024, ge=1)  # each stop string (at most 4, as OpenAI's)
+    # A second listener that serves only GET /metrics, without a key, for the scraper (0: off;
+    # the API port's /metrics always needs an admin key).
+    metrics_port: int = Field(0, ge=0, le=65535)
 
     # -- metering --------------------------------------------------------------------------
     metering_batch_size: int = 500  # records per INSERT / transaction
@@ -73,11 +84,32 @@ class Settings(BaseSettings):
     speculative_method: Literal["ngram", "draft"] | None = None
     num_speculative_tokens: int = 4
     draft_model: str | None = None
-    # Intra-op threads: None → 1 for a GPU worker, torch's default for a CPU worker.
+    # FP8 and tensor parallelism (docs/serving.md#fp8-and-tensor-parallelism): e4m3 weights,
+    # an e4m3 KV cache, and workers that are groups of this many GPUs (one process per GPU,
+    # rank 0 speaks to Redis).
+    quantization: Literal["fp8"] | None = None
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    tensor_parallel_size: int = Field(1, ge=1)
+    use_piecewise_graphs: bool = False  # CUDA graph pieces for steps with prompt chunks
+    piecewise_max_tokens: int = 2048
+    # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
+    # this target (None: off, each step may fill max_num_batched_tokens with prefill).
+    step_time_target_s: float | None = None
+    prefill_ttft_guard_s: float = 0.3
+    ttft_prompt_tokens: int = 4000
+    # Intra-op threads: None → 1 for a GPU worker; for a CPU worker the cores but one, split
+    # among the CPU workers of the machine (workers/torch_threads.py).
     torch_threads: int | None = None
     # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
     worker_overlap_exchange: bool = True
+    # While a step runs on the GPU, read the queues again this often (0: once per step), so a
+    # request arriving during a long prefill step is admitted right after it.
+    worker_poll_s: float = 0.002
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
+    # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
+    control_timeout_s: float = 20.0
+    profile_dir: Path | None = None  # /stop_profile's traces; None → <data_dir>/profiles
+    profile_max_steps: int = 100  # a profile records at most this many engine steps
 
     # -- operations (docs/operations.md) ---------------------------------------------------
     worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)
@@ -126,6 +158,16 @@ class Settings(BaseSettings):
         if self.num_kv_blocks is not None:
             limit = min(limit, self.num_kv_blocks * self.block_size)
         return limit
+
+    def resolved_max_request_bytes(self) -> int:
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        return max(1024 * 1024, 32 * self.resolved_max_model_len())
+
+    def vocab_size(self) -> int:
+        from engine.models.config import resolve_model_config  # torch-free
+
+        return resolve_model_config(self.model).vocab_size
 
     def engine_config(self) -> EngineConfig:
         """A worker's engine: every EngineConfig knob these settings name (FLEETLM_<knob>),

@@ -17,6 +17,9 @@
 #   fleetlm:worker:{id}:stats       hash of engine stats, rewritten every step
 #   fleetlm:worker:{id}:metrics     the worker's Prometheus exposition text, rewritten about
 #                                   once a second; expires like the heartbeat
+#   fleetlm:worker:{id}:control     list of control commands for that worker (service/control.py;
+#                                   expires)
+#   fleetlm:control:{token}         list a control command's replies go to (expires)
 # Tenant limits keep their own keys beside their scripts (metering/ratelimit.py).
 from __future__ import annotations
 
@@ -65,3 +68,11 @@ def stats_key(worker_id: str) -> str:
 
 def metrics_key(worker_id: str) -> str:
     return f"fleetlm:worker:{worker_id}:metrics"
+
+
+def control_key(worker_id: str) -> str:
+    return f"fleetlm:worker:{worker_id}:control"
+
+
+def control_reply_key(token: str) -> str:
+    return f"fleetlm:control:{token}"

@@ -34,11 +34,12 @@ FAMILIES = {
 }  # fmt: skip
 
 
-def build_hf_model(directory: Path, family: str, seed: int = 0):
-    """Save a random-weight float32 model + tokenizer into `directory`; return the HF model."""
+def build_hf_model(directory: Path, family: str, seed: int = 0, **overrides):
+    """Save a random-weight float32 model + tokenizer into `directory`; return the HF model.
+    `overrides`: config fields changed from the family's (e.g. num_key_value_heads)."""
     import transformers
 
-    spec = dict(FAMILIES[family])
+    spec = dict(FAMILIES[family]) | overrides
     cls = getattr(transformers, spec.pop("cls"))
     config_cls = getattr(transformers, spec.pop("config"))
     config = config_cls(

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from metering.keys import Principal
 from service.admission import enqueue_once, queued_tokens
-from service.errors import APIError
+from service.errors import APIError, validation_error
 from service.limits import release, reserve, reserved_tokens
 from service.prepare import prepare_chat, prepare_completion
 from service.schemas.chat import ChatCompletionRequest
@@ -69,10 +69,7 @@ async def admit(
     try:
         request = _parse(endpoint, body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        message = f"{loc}: {first.get('msg')}" if loc else str(first.get("msg"))
-        return Rejected(400, APIError(400, message, param=loc or None).body())
+        return _rejected(validation_error(exc.errors()))
     try:
         prepare = prepare_chat if endpoint == "/v1/chat/completions" else prepare_completion
         queued = prepare(context, request, principal, request_id)

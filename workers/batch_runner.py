@@ -15,10 +15,11 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from metering import batch_requests as batch_lines
-from metering.batch_input import MalformedFile, parse_batch_file
+from metering.batch_input import MalformedFile, check_batch_file
 from metering.batch_models import Batch, BatchRequest
 from metering.batches import ACTIVE, FINAL, lock_for_pump, now, rearm_stale_pumps
 from metering.files import create_file, get_file
@@ -39,6 +40,8 @@ from service.settings import Settings
 from workers import batch_admission as ba
 
 log = logging.getLogger("fleetlm.batches")
+
+MAX_REPORTED_ERRORS = 100  # in the batch object's `errors`; the error file lists them all
 
 # Drops a queued line that no worker has read yet: XDEL unless it is pending in the consumer
 # group (then a worker holds it, and the cancel key stops it). Returns the entry's request.
@@ -112,26 +115,51 @@ class Runner:
     # -- steps ------------------------------------------------------------------------------
 
     def _validate(self, session: Session, batch: Batch) -> None:
+        """validating → in_progress with its lines stored, or → failed with the problems in
+        `errors` and an error file. Never raises for bad input: a batch that cannot start ends
+        here, so no pump retries it forever."""
         f = get_file(session, batch.tenant_id, batch.input_file_id, with_content=True)
-        try:
-            if f is None:
-                raise MalformedFile(f"the input file {batch.input_file_id} no longer exists")
-            parsed = parse_batch_file(f.content, self.settings.batch_max_lines)
-            for line in parsed:
-                if line.url != batch.endpoint:
-                    raise MalformedFile(
-                        f"line {line.line_no}: url {line.url} differs from the batch's "
-                        f"endpoint {batch.endpoint}",
-                        line.line_no,
-                    )
-        except MalformedFile as exc:
-            batch.status, batch.failed_at = "failed", now()
-            error = {"code": "invalid_file", "message": str(exc), "param": None, "line": exc.line}
-            batch.errors = [error]
+        if f is None:
+            message = f"the input file {batch.input_file_id} no longer exists"
+            self._fail_validation(session, batch, [MalformedFile(message)])
             return
-        batch_lines.add_lines(session, batch, parsed)
-        batch.total = len(parsed)
+        lines, problems = check_batch_file(f.content, self.settings.batch_max_lines, batch.endpoint)
+        if problems:
+            self._fail_validation(session, batch, problems)
+            return
+        try:
+            with session.begin_nested():  # a savepoint: the batch row stays ours on failure
+                batch_lines.add_lines(session, batch, lines)
+                session.flush()
+        except DBAPIError as exc:  # the input checks should make this unreachable
+            log.exception("batch %s: storing its lines failed", batch.id)
+            message = f"the input could not be stored ({type(exc.orig).__name__})"
+            self._fail_validation(session, batch, [MalformedFile(message)])
+            return
+        batch.total = len(lines)
         batch.status, batch.in_progress_at = "in_progress", now()
+
+    def _fail_validation(
+        self, session: Session, batch: Batch, problems: list[MalformedFile]
+    ) -> None:
+        errors = [
+            {"code": "invalid_file", "message": str(p), "param": None, "line": p.line}
+            for p in problems
+        ]
+        batch.errors = errors[:MAX_REPORTED_ERRORS]
+        lines = [
+            {"id": None, "custom_id": p.custom_id, "response": None, "error": e}
+            for p, e in zip(problems, errors)
+        ]
+        self._write_file(session, batch, "error", lines)
+        batch.status, batch.failed_at = "failed", now()
+        log.info("batch %s failed validation: %s", batch.id, errors[0]["message"])
+
+    def _write_file(self, session: Session, batch: Batch, kind: str, lines: list[dict]) -> None:
+        content = "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines)
+        name = f"{batch.id}_{kind}.jsonl"
+        f = create_file(session, batch.tenant_id, "batch_output", name, content.encode())
+        setattr(batch, f"{kind}_file_id", f.id)
 
     def _fan_out(self, session: Session, batch: Batch) -> None:
         room = self.settings.batch_max_inflight - batch_lines.count_in_state(
@@ -249,15 +277,7 @@ class Runner:
         self._count(session, batch)
         for kind, lines in (("output", out), ("error", err)):
             if lines:
-                content = "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines)
-                f = create_file(
-                    session,
-                    batch.tenant_id,
-                    "batch_output",
-                    f"{batch.id}_{kind}.jsonl",
-                    content.encode(),
-                )
-                setattr(batch, f"{kind}_file_id", f.id)
+                self._write_file(session, batch, kind, lines)
         t = now()
         if batch.status == "cancelling":
             batch.status, batch.cancelled_at = "cancelled", t

@@ -38,6 +38,7 @@ from service.output_stream import follow
 from service.queued_request import QueuedRequest
 from service.redis_clients import UNREACHABLE, Backoff, sync_redis
 from service.settings import Settings
+from workers.control import WorkerControl
 from workers.heartbeat import Heartbeat
 from workers.inflight import Inflight
 from workers.load_report import LoadReport
@@ -46,6 +47,7 @@ from workers.outbox import Outbox, Written
 from workers.output_events import cancelled_before_takeover
 from workers.ownership import takeover_call
 from workers.step_timing import StepTiming
+from workers.torch_threads import apply_torch_threads
 from workers.usage import BusyMeter
 
 log = logging.getLogger("fleetlm.worker")
@@ -67,6 +69,8 @@ class Exchange:
     idle: bool = False  # nothing to step: the read may block
     build_s: float = 0.0
     io_s: float = 0.0
+    read_streams: list[str] = field(default_factory=list)  # the queues work may be read from
+    room: int = 0  # how many new requests the engine may take this turn
 
 
 def new_worker_id() -> str:
@@ -74,16 +78,8 @@ def new_worker_id() -> str:
 
 
 def build_engine(settings: Settings) -> LLMEngine:
-    import torch
-
-    threads = settings.torch_threads
-    if threads is None and settings.device != "cpu" and torch.cuda.is_available():
-        # A GPU worker's host work is one Python thread; torch's intra-op pool (a thread per
-        # core) only competes with it and with the processes beside it. On the H200 it made
-        # batch packing 0.4 → 1.2 ms mean and 0.6 → 5.7 ms p95 per step (docs/benchmarks.md).
-        threads = 1
-    if threads:
-        torch.set_num_threads(threads)
+    threads = apply_torch_threads(settings.device, settings.torch_threads)
+    log.info("torch uses %d intra-op thread(s) (FLEETLM_TORCH_THREADS overrides)", threads)
     return LLMEngine(settings.engine_config())
 
 
@@ -122,10 +118,15 @@ class GpuWorker:
         self.load = LoadReport()
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
+        self.control = WorkerControl(self.engine, settings, redis_url, self.worker_id)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def run(self) -> None:
+        # The model, the engine and the tokenizer are built and stay: keep the collector from
+        # re-scanning them in every full collection on the step path.
+        gc.collect()
+        gc.freeze()
         self._until_redis_answers(self._create_groups)
         threading.Thread(
             target=self.heartbeat.run,
@@ -133,19 +134,18 @@ class GpuWorker:
             name="heartbeat",
             daemon=True,
         ).start()
+        self.control.start(self.stopping)
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
-        # The model, the engine and the tokenizer are built and stay: keep the collector from
-        # re-scanning them in every full collection on the step path.
-        gc.collect()
-        gc.freeze()
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
         try:
             while not self.stopping.is_set():
+                self.control.run_pending()  # /reset_prefix_cache, /start_profile, ...
                 if self.draining.is_set() and self._drained():
                     break
                 self._turn()
         finally:
+            self.control.close()
             self.step_timing.flush(force=True)
             self.step_timing.close()
             self._shutdown()
@@ -157,6 +157,10 @@ class GpuWorker:
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+        # Stats before the first heartbeat: a worker seen alive always has them.
+        stats_key = p.stats_key(self.worker_id)
+        self.redis.hset(stats_key, mapping=self._stats_mapping(self.engine.stats()))
+        self.redis.expire(stats_key, 60)
         self.heartbeat.beat()
 
     def _until_redis_answers(self, call) -> None:
@@ -170,35 +174,80 @@ class GpuWorker:
 
     def _turn(self) -> None:
         """One loop turn: launch a step, do the Redis round trip for the previous one while
-        the GPU works, finish the step, then apply what the round trip read."""
+        the GPU works (reading new work again every worker_poll_s until the step is done),
+        finish the step, then apply what was read."""
         if self.outage_since is not None:
             self._ride_out_outage()
             return
         loop_started = time.perf_counter()
-        overlap = self.settings.worker_overlap_exchange
-        step = self.engine.begin_step() if self.engine.has_unfinished() else None
-        launched = time.perf_counter()
-        reply = None
-        if overlap or step is None:
-            reply = self._round_trip(busy=step is not None)
+        step = self.engine.schedule_step() if self.engine.has_unfinished() else None
+        if not self.settings.worker_overlap_exchange:
+            deltas = self.engine.finish_step(self.engine.launch_step(step)) if step else []
+            row = self._account(step, deltas, loop_started)
+            reply = self._round_trip(busy=False)
+            if reply is not None:
+                self._apply(*reply, row)
+            self.step_timing.end_loop(row, loop_started)
+            return
+        # A graph replay launches in well under a millisecond, so its round trip follows the
+        # launch; a step launched kernel by kernel (prefill chunks) keeps the host busy for
+        # tens of milliseconds, so the previous step's tokens go out before it.
+        if step is not None and step.graphed:
+            self.engine.launch_step(step)
+        reply = self._round_trip(busy=step is not None)
+        polled: list = []
         row = -1
         if step is not None:
-            finishing = time.perf_counter()
-            deltas = self.engine.finish_step(step)
-            elapsed = (launched - loop_started) + (time.perf_counter() - finishing)
-            row = self.engine.last_step_row
-            self.busy.add(elapsed)
-            self.num_steps += 1
-            self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
-            self.outbox.deltas += deltas
-            if not overlap:
-                reply = self._round_trip(busy=False)
+            if not step.graphed:
+                self.engine.launch_step(step)
+            if reply is not None:
+                polled = self._poll_while_running(step, *reply)
+            row = self._account(step, self.engine.finish_step(step), loop_started)
         if reply is not None:
-            self._apply(*reply, row)
-        if step is not None:  # the whole turn: what a step costs the loop, host work included
-            tokens = step.out.total_tokens if step.out is not None else 0
-            self.load.on_step(tokens, time.perf_counter() - loop_started)
+            self._apply(*reply, row, polled)
         self.step_timing.end_loop(row, loop_started)
+
+    def _account(self, step, deltas: list, loop_started: float) -> int:
+        """A finished step's deltas go to the outbox; its busy time, metrics and service rate
+        are counted. Returns its trace row (-1: no step). The rate counts the whole turn so
+        far: what a step costs the loop, host work and the round trip included
+        (workers/load_report.py)."""
+        self.outbox.deltas += deltas
+        if step is None:
+            return -1
+        elapsed = self.engine.step_time(step)
+        self.busy.add(elapsed)
+        self.num_steps += 1
+        self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
+        self.load.on_step(step.out.total_tokens, time.perf_counter() - loop_started)
+        return self.engine.last_step_row
+
+    def _poll_while_running(self, step, exchange: Exchange, results: list) -> list:
+        """New queue entries read while the step is still on the GPU, every worker_poll_s:
+        a request that arrives during a long step is admitted right after it, not a step
+        later. Returns [(queue, entry_id, fields)] for _apply."""
+        interval = self.settings.worker_poll_s
+        room = exchange.room - sum(
+            len(entries) for _, entries in (results[exchange.at_read] or [])
+        ) if exchange.at_read >= 0 else 0  # fmt: skip
+        entries: list = []
+        if interval <= 0 or room <= 0:
+            return entries
+        next_poll = time.perf_counter() + interval
+        streams = dict.fromkeys(exchange.read_streams, ">")
+        while room > 0 and not self.engine.step_done(step):
+            if time.perf_counter() < next_poll:
+                time.sleep(0.0002)
+                continue
+            try:
+                got = self.redis.xreadgroup(p.GROUP, self.worker_id, streams, count=room)
+            except UNREACHABLE:
+                return entries  # the next round trip finds Redis away
+            for queue, read in got or []:
+                entries.extend((queue, entry_id, fields) for entry_id, fields in read)
+                room -= len(read)
+            next_poll = time.perf_counter() + interval
+        return entries
 
     def _ride_out_outage(self) -> None:
         """Redis is away: no step (nobody could receive its tokens), retry the round trip."""
@@ -403,6 +452,7 @@ class GpuWorker:
             pipe.xreadgroup(
                 p.GROUP, self.worker_id, dict.fromkeys(streams, ">"), count=room, block=block
             )
+        exchange.read_streams, exchange.room = streams, max(room, 0)
         return exchange
 
     def _confirm(self, exchange: Exchange) -> None:
@@ -425,8 +475,9 @@ class GpuWorker:
                 },
             )
 
-    def _apply(self, exchange: Exchange, results: list, row: int) -> None:
-        """What a round trip read: requests lost to another worker, cancels, new requests."""
+    def _apply(self, exchange: Exchange, results: list, row: int, polled: list = ()) -> None:
+        """What a round trip (and the polls after it) read: requests lost to another worker,
+        cancels, new requests."""
         t0 = time.perf_counter()
         self._drop_lost()
         if exchange.ids:
@@ -448,6 +499,8 @@ class GpuWorker:
             for queue, entries in results[exchange.at_read] or []:
                 for entry_id, fields in entries:
                     self._admit(queue, entry_id, fields, counted=True)
+        for queue, entry_id, fields in polled:
+            self._admit(queue, entry_id, fields, counted=True)
         self.step_timing.add(
             row, exchange_build_s=exchange.build_s, exchange_io_s=exchange.io_s,
             apply_s=time.perf_counter() - t0,

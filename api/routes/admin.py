@@ -4,12 +4,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import AdminPrincipal, SessionDep
+from api.openapi import AUTHED, errors
 from metering.tenants import list_limits, list_tenants
 
 router = APIRouter(tags=["admin"])
 
 
-@router.get("/v1/admin/tenants")
+@router.get("/v1/admin/tenants", responses=errors(*AUTHED, 403))
 def tenants(session: SessionDep, _: AdminPrincipal) -> dict[str, object]:
     limits: dict[str, dict] = {}
     for r in list_limits(session):

@@ -7,19 +7,21 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks, Query
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.openapi import AUTHED, WITH_BODY, errors
 from api.schemas.batches import BatchList, BatchObject, CreateBatch
+from api.strict_json import StrictJSONRoute
 from metering import batches, files
 from service.celery_app import send_advance
 from service.errors import APIError, invalid_param
 
-router = APIRouter(tags=["batches"])
+router = APIRouter(tags=["batches"], route_class=StrictJSONRoute)
 
 
 def not_found(batch_id: str) -> APIError:
     return APIError(404, f"No such Batch object: {batch_id}", param="id", code="batch_not_found")
 
 
-@router.post("/v1/batches")
+@router.post("/v1/batches", responses=errors(*WITH_BODY))
 def create_batch(
     body: CreateBatch,
     session: SessionDep,
@@ -50,18 +52,20 @@ def create_batch(
     return BatchObject.of(batch)
 
 
-@router.get("/v1/batches")
+@router.get("/v1/batches", responses=errors(*AUTHED))
 def list_batches(
     session: SessionDep,
     principal: CurrentPrincipal,
-    after: str | None = None,
+    after: Annotated[
+        str | None, Query(description="A batch id: list the batches after it.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     found = batches.list_batches(session, principal.tenant_id, after=after, limit=limit + 1)
     return BatchList.page([BatchObject.of(b) for b in found], limit)
 
 
-@router.get("/v1/batches/{batch_id}")
+@router.get("/v1/batches/{batch_id}", responses=errors(*AUTHED, 404))
 def retrieve_batch(batch_id: str, session: SessionDep, principal: CurrentPrincipal) -> BatchObject:
     b = batches.get_batch(session, principal.tenant_id, batch_id)
     if b is None:
@@ -69,7 +73,7 @@ def retrieve_batch(batch_id: str, session: SessionDep, principal: CurrentPrincip
     return BatchObject.of(b)
 
 
-@router.post("/v1/batches/{batch_id}/cancel")
+@router.post("/v1/batches/{batch_id}/cancel", responses=errors(*AUTHED, 404, 409))
 def cancel_batch(batch_id: str, session: SessionDep, principal: CurrentPrincipal) -> BatchObject:
     b = batches.get_batch(session, principal.tenant_id, batch_id, lock=True)
     if b is None:

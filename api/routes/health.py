@@ -6,6 +6,7 @@ import asyncio
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import text
 
 from api.deps import State
@@ -16,9 +17,20 @@ router = APIRouter(tags=["health"])
 _probe: dict[int, asyncio.Future] = {}  # per database engine: the probe in flight
 
 
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str  # ready | not ready | draining
+    redis: bool | None = None
+    database: bool | None = None
+    workers: int | None = None  # live workers
+
+
 @router.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health() -> Health:
+    return Health(status="ok")
 
 
 def _select_one(state: State) -> bool:
@@ -39,7 +51,11 @@ async def database_ok(state: State) -> bool:
         return False
 
 
-@router.get("/ready")
+@router.get(
+    "/ready",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready, or draining."}},
+)
 async def ready(state: State, request: Request) -> JSONResponse:
     if request.app.state.drain.draining:
         return JSONResponse({"status": "draining"}, 503)

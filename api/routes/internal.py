@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import AdminPrincipal, State
+from api.openapi import AUTHED, errors
 from api.relay import live_workers
 from service import streams as p
 
@@ -21,7 +22,7 @@ def _typed(stats: dict[str, str]) -> dict[str, object]:
     return out
 
 
-@router.get("/internal/workers")
+@router.get("/internal/workers", responses=errors(*AUTHED, 403))
 async def workers(state: State, _: AdminPrincipal) -> dict[str, object]:
     ids = await live_workers(state.redis)
     pipe = state.redis.pipeline(transaction=False)

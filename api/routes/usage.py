@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from api.auth import forbidden
 from api.deps import CurrentPrincipal, SessionDep
+from api.openapi import AUTHED, errors
 from api.schemas.usage import UsageQuery, UsageResponse
 from metering.reports import to_csv, usage_lines
 from metering.tenants import TenantError, tenant_by_name
@@ -18,7 +19,18 @@ from service.errors import APIError
 router = APIRouter(tags=["usage"])
 
 
-@router.get("/v1/usage", response_model=None)
+@router.get(
+    "/v1/usage",
+    response_model=UsageResponse,
+    responses={
+        200: {
+            "description": "JSON; with `format=csv`, the lines as CSV (cells that a spreadsheet "
+            "would run as a formula are prefixed with ').",
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+        }
+    }
+    | errors(*AUTHED, 403, 404),
+)
 def get_usage(
     session: SessionDep, principal: CurrentPrincipal, query: Annotated[UsageQuery, Query()]
 ) -> UsageResponse | Response:

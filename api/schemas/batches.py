@@ -4,17 +4,24 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.pages import ListPage
 from metering.batch_models import Batch
+from service.schemas.fields import Metadata
 
 
 class CreateBatch(BaseModel):
-    input_file_id: str
+    model_config = ConfigDict(strict=True)
+
+    input_file_id: str = Field(
+        min_length=1, max_length=64, description="A file uploaded with purpose batch."
+    )
     endpoint: Literal["/v1/chat/completions", "/v1/completions"]
-    completion_window: str = "24h"
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    completion_window: str = Field(
+        "24h", max_length=16, description="One of the server's batch_completion_windows."
+    )
+    metadata: Metadata | None = None
 
 
 class RequestCounts(BaseModel):

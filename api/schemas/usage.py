@@ -6,13 +6,19 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from metering.tenants import TENANT_NAME_PATTERN, TENANT_NAME_RULE
+
 
 class UsageQuery(BaseModel):
     start: date | None = None  # UTC day, inclusive; default: the first of this month
     end: date | None = None  # UTC day, exclusive; default: tomorrow
     group_by: Literal["day", "model", "priority"] = "day"
     format: Literal["json", "csv"] = "json"
-    tenant: str | None = Field(None, description="admin keys only: a tenant name")
+    tenant: str | None = Field(
+        None,
+        pattern=TENANT_NAME_PATTERN,
+        description=f"Admin keys only: another tenant's name ({TENANT_NAME_RULE}).",
+    )
 
 
 class UsageResponse(BaseModel):

@@ -40,6 +40,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "bfloat16"
     name: str = ""
+    # The checkpoint's HF `quantization_config` (FP8 releases; see quant_config.py), or None.
+    quantization_config: dict[str, Any] | None = field(default=None, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +129,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"),
             name=name,
+            quantization_config=d.get("quantization_config"),
         )
 
     @classmethod
@@ -293,6 +296,10 @@ PRESETS: dict[str, ModelConfig] = {
         name="tiny",
     ),
 }
+
+
+# Llama 3.3 70B Instruct: the 3.1 70B's shape and tokenizer, its own weights.
+PRESETS["llama-3.3-70b"] = PRESETS["llama-3.1-70b"].with_overrides(name="llama-3.3-70b")
 
 
 def resolve_model_config(model: str | Path) -> ModelConfig:

@@ -1,8 +1,14 @@
 # The Llama block family in plain torch over a packed token batch: Llama 2/3, Mistral,
 # Qwen2 (bias on q/k/v), Qwen3 (RMSNorm on each q/k head). GQA throughout; q/k/v and gate/up
 # are fused projections, loaded shard by shard from HF checkpoints (see loader.py).
+# Tensor parallel (tensor_parallel.py): each rank holds its query heads, its KV heads (copied
+# when there are more ranks than KV heads), its slice of the MLP and of the vocabulary; o_proj
+# and down_proj end in one all-reduce each. The model's `config` is this rank's shape (local
+# head counts and MLP width, the full vocabulary).
+# FP8 (quant_config.py): the four projections of every layer may hold e4m3 weights.
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -11,6 +17,13 @@ from torch import nn
 from engine import ops
 from engine.attention import AttentionMetadata, paged_attention
 from engine.models.config import ModelConfig
+from engine.models.linear import ColumnParallelLinear, RowParallelLinear
+from engine.models.quant_config import Fp8Scheme
+from engine.models.vocab_parallel import VocabParallelEmbedding
+from engine.tensor_parallel import SINGLE, TensorParallel
+
+# (HF module prefix, its HF part names) → the FP8 scheme of the layer holding them, or None.
+Fp8For = Callable[..., Fp8Scheme | None]
 
 
 class RMSNorm(nn.Module):
@@ -24,53 +37,76 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8: Fp8For, prefix: str
+    ) -> None:
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        d = self.head_dim = config.head_dim
+        q_start, self.num_heads = tp.split(config.num_heads, "num_attention_heads")
+        kv_start, self.num_kv_heads = tp.kv_heads(config.num_kv_heads)
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = nn.Linear(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias,
-            dtype=dtype,
+        q, kv = (q_start * d, self.q_size), (kv_start * d, self.kv_size)
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size, [q, kv, kv], bias=config.attention_bias, dtype=dtype,
+            fp8=fp8(prefix, "q_proj", "k_proj", "v_proj"),
         )  # fmt: skip
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False, dtype=dtype)
+        self.o_proj = RowParallelLinear(
+            q, config.hidden_size, dtype=dtype, fp8=fp8(prefix, "o_proj"), tp=tp
+        )
         self.qk_norm = config.qk_norm
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
+        # An FP8 KV cache stores K / k_scale and V / v_scale (the checkpoint's, else 1; a float
+        # cache ignores them).
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
-    def forward(
+    def project(
         self,
         positions: torch.Tensor,  # [num_tokens]
         hidden: torch.Tensor,  # [num_tokens, hidden]
-        meta: AttentionMetadata,
-        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         cos_sin: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]"""
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim))
             k = self.k_norm(k.reshape(-1, self.head_dim))
-        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         q, k = ops.apply_rotary(q, k, positions, cos_sin)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.view(-1, self.q_size))
+        return q, k, v
+
+    def attend(self, q, k, v, meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim] → [T, heads, dim]"""
+        return paged_attention(
+            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale
+        )
+
+    def output(self, attn: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(attn.reshape(-1, self.q_size))
+
+    def forward(self, positions, hidden, meta, kv_cache, cos_sin) -> torch.Tensor:
+        q, k, v = self.project(positions, hidden, cos_sin)
+        return self.output(self.attend(q, k, v, meta, kv_cache))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8: Fp8For, prefix: str
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(
-            config.hidden_size, 2 * config.intermediate_size, bias=False, dtype=dtype
-        )
-        self.down_proj = nn.Linear(
-            config.intermediate_size, config.hidden_size, bias=False, dtype=dtype
+        cols = tp.split(config.intermediate_size, "intermediate_size")
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, [cols, cols], bias=False, dtype=dtype,
+            fp8=fp8(prefix, "gate_proj", "up_proj"),
+        )  # fmt: skip
+        self.down_proj = RowParallelLinear(
+            cols, config.hidden_size, dtype=dtype, fp8=fp8(prefix, "down_proj"), tp=tp
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,30 +114,43 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8: Fp8For, i: int
+    ):
         super().__init__()
-        self.self_attn = LlamaAttention(config, dtype)
-        self.mlp = LlamaMLP(config, dtype)
+        self.self_attn = LlamaAttention(config, dtype, tp, fp8, f"model.layers.{i}.self_attn")
+        self.mlp = LlamaMLP(config, dtype, tp, fp8, f"model.layers.{i}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
-    def forward(self, positions, hidden, residual, meta, kv_cache, cos_sin):
+    # A layer in two halves around attention, so a step's non-attention work can be captured
+    # in CUDA graphs per token count while attention runs between them (piecewise_graphs.py).
+    def before_attention(self, positions, hidden, residual, cos_sin):
+        """→ q, k, v and the residual stream (hidden, residual: [num_tokens, hidden])"""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta, kv_cache, cos_sin)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        q, k, v = self.self_attn.project(positions, hidden, cos_sin)
+        return q, k, v, residual
+
+    def after_attention(self, attn, residual):
+        """attn: [num_tokens, num_heads, head_dim] → (mlp output, residual)"""
+        hidden, residual = self.post_attention_layernorm(self.self_attn.output(attn), residual)
         return self.mlp(hidden), residual
+
+    def forward(self, positions, hidden, residual, meta, kv_cache, cos_sin):
+        q, k, v, residual = self.before_attention(positions, hidden, residual, cos_sin)
+        return self.after_attention(self.self_attn.attend(q, k, v, meta, kv_cache), residual)
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp: TensorParallel, fp8: Fp8For):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers)
+            LlamaDecoderLayer(config, dtype, tp, fp8, i) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -116,19 +165,31 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        tp: TensorParallel = SINGLE,
+        fp8: Fp8Scheme | None = None,
+    ):
         super().__init__()
-        self.config = config
-        self.model = LlamaModel(config, dtype)
+
+        def fp8_for(prefix: str, *parts: str) -> Fp8Scheme | None:
+            # A fused projection stays in the model dtype only if every part is skipped.
+            if fp8 is None or not any(fp8.quantizes(f"{prefix}.{p}") for p in parts):
+                return None
+            return fp8
+
+        self.model = LlamaModel(config, dtype, tp, fp8_for)
+        attn, mlp = self.model.layers[0].self_attn, self.model.layers[0].mlp
+        self.config = config.with_overrides(
+            num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads,
+            intermediate_size=mlp.down_proj.weight.shape[1],
+        )
         self.tie_word_embeddings = config.tie_word_embeddings
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
-
-    def shard_sizes(self, fused_name: str) -> list[int]:
-        c = self.config
-        if fused_name == "qkv_proj":
-            return [c.q_size, c.kv_size, c.kv_size]
-        return [c.intermediate_size, c.intermediate_size]
+            self.lm_head = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype, tp)
 
     def forward(
         self,
@@ -146,5 +207,5 @@ class LlamaForCausalLM(nn.Module):
         return hidden  # [num_tokens, hidden]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()  # [num_rows, vocab]
+        head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
+        return head.logits(hidden).float()  # [num_rows, vocab]

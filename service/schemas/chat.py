@@ -3,41 +3,42 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
+from service.schemas.fields import PositiveInt
 from service.schemas.formatter import Formatter, created_now
+from service.schemas.noop_fields import ChatNoOpFields
 from service.schemas.sampling import SamplingRequest, Usage
 
 
+class TextPart(BaseModel):
+    """The one content part type served: text (no images or audio)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[TextPart] | None = None
     name: str | None = None
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, ChatNoOpFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-
-    @field_validator("messages")
-    @classmethod
-    def _content_parts(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
-        for m in messages:
-            if isinstance(m.content, list):
-                for part in m.content:
-                    if part.get("type") != "text":
-                        raise ValueError(f"unsupported content part type {part.get('type')!r}")
-        return messages
+    max_completion_tokens: PositiveInt | None = None
 
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
     def template_messages(self) -> list[dict[str, Any]]:
-        return [
-            m.model_dump(exclude_none=True) | {"content": m.content or ""} for m in self.messages
-        ]
+        """Plain dicts for the chat template (content parts too); no content → ""."""
+        dumped = (m.model_dump(exclude_none=True) for m in self.messages)
+        return [d | {"content": d.get("content") or ""} for d in dumped]
 
 
 class ChatFormatter(Formatter):

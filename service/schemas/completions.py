@@ -1,51 +1,36 @@
 # /v1/completions: the request and the response shapes (text_completion).
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
+from service.schemas.fields import NonEmptyStr, NonNegativeInt, OnlyOne, PositiveInt
 from service.schemas.formatter import Formatter, created_now
 from service.schemas.sampling import SamplingRequest, Usage
 
+TokenIds = Annotated[list[NonNegativeInt], Field(min_length=1)]
+# One prompt per request: a non-empty string or token ids, bare or as a one-element list.
+Prompt = (
+    NonEmptyStr
+    | TokenIds
+    | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=1)]
+    | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+)
+
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16  # the legacy endpoint's default
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: Prompt
+    max_tokens: PositiveInt | None = 16  # the legacy endpoint's default
+    echo: Literal[False] = Field(False, description="Not supported.")
+    suffix: Literal[""] | None = Field(None, description="Not supported.")
+    best_of: OnlyOne | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], str | list):
-            if len(v) != 1:
-                raise ValueError("only one prompt per request is supported")
+    def _one_prompt(cls, v: str | list) -> str | list[int]:
+        if isinstance(v, list) and isinstance(v[0], str | list):
             return v[0]
-        if (isinstance(v, list) and not v) or v == "":
-            raise ValueError("the prompt is empty")
-        return v
-
-    @field_validator("echo")
-    @classmethod
-    def _echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported")
-        return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _suffix(cls, v: str | None) -> str | None:
-        if v:
-            raise ValueError("suffix is not supported")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v: int | None) -> int | None:
-        if v not in (None, 1):
-            raise ValueError("only best_of=1 is supported")
         return v
 
 

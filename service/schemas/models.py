@@ -12,6 +12,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "fleetlm"
     max_model_len: int
+    # Token ids below this are valid prompts (load tools that send token ids need it).
+    vocab_size: int | None = None
 
 
 class ModelList(BaseModel):

@@ -1,90 +1,89 @@
 # Request fields shared by /v1/chat/completions and /v1/completions: OpenAI's plus vLLM's extra
-# sampling parameters. Unknown fields are accepted and ignored, as OpenAI-compatible servers do.
+# sampling parameters. Unknown fields are a 400, and fields that fleetlm knows but does not
+# implement are accepted only at values that ask for nothing (service/schemas/noop_fields.py).
+# Types are strict where OpenAI's API is: "8" or true is not a max_tokens, "yes" not a stream.
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from metering.ratelimit import Priority
 from metering.records import UsageCounts
 from service.errors import invalid_param
 from service.queued_request import Sampling
+from service.schemas.fields import (
+    AsInteger,
+    Metadata,
+    NonEmptyStr,
+    NonNegativeInt,
+    OnlyOne,
+    PositiveInt,
+)
+from service.schemas.noop_fields import NoOpFields
 
-MAX_STOP = 4
+MAX_STOP = 4  # OpenAI's limit; each string's length is the max_stop_chars setting
+
+Stop = NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)]
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool = False  # a last chunk with the usage and no choices
+    continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
+    include_obfuscation: bool = False  # OpenAI's padding field, never added here
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _obfuscation(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("include_obfuscation is not supported; omit it or send false")
+        return v
 
 
-class SamplingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class SamplingRequest(NoOpFields):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    n: int = 1
+    max_tokens: PositiveInt | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    stop: Stop | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63), AsInteger] | None = None
+    n: OnlyOne = 1
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     service_tier: str | None = None  # "flex" → the batch priority; anything else → interactive
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logprobs: Any = None
+    presence_penalty: float | None = Field(None, ge=0, le=0, description="Only 0 is supported.")
+    frequency_penalty: float | None = Field(None, ge=0, le=0, description="Only 0 is supported.")
+    logprobs: Literal[False, 0] | None = Field(None, description="Not supported.")
     # vLLM's extras
-    top_k: int | None = None
-    min_tokens: int = Field(0, ge=0)
+    top_k: Annotated[int, Field(ge=-1), AsInteger] | None = Field(
+        None, description="-1 or 0: disabled."
+    )
+    min_tokens: NonNegativeInt = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[NonNegativeInt] | None = None
+    skip_special_tokens: bool = True  # False: special tokens (the template's) appear in the text
+    include_stop_str_in_output: bool = False  # True: the text ends with the stop string matched
+    # Only slow (Python) tokenizers put spaces between special tokens; fleetlm's tokenizer is a
+    # fast one, where vLLM ignores this too, so both values give the same text.
+    spaces_between_special_tokens: bool = True
 
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> list[str]:
-        stops = [v] if isinstance(v, str) else list(v or [])
-        if len(stops) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences")
-        if any(not s for s in stops):
-            raise ValueError("stop sequences must be non-empty")
-        return stops
+        return [v] if isinstance(v, str) else list(v or [])
 
-    @field_validator("n")
+    @field_validator("stream_options")
     @classmethod
-    def _n(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and v < -1:
-            raise ValueError("top_k must be -1, 0 (disabled) or positive")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _penalty(cls, v: float | None) -> float | None:
-        if v:
-            raise ValueError("penalties are not supported; send 0 or omit")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("logprobs are not supported")
-        return v
-
-    @model_validator(mode="after")
-    def _stream_options(self) -> SamplingRequest:
-        if self.stream_options is not None and not self.stream:
+    def _stream_options(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream"):
             raise ValueError("stream_options is only allowed when stream is true")
-        return self
+        return v
 
     @property
     def priority(self) -> Priority:
@@ -98,6 +97,10 @@ class SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def effective_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -117,6 +120,8 @@ class SamplingRequest(BaseModel):
             stop=list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
 
 

@@ -33,6 +33,7 @@ SETTINGS = Settings(
     worker_dead_after_s=2.0,
     api_key_cache_s=0.2,
     load_refresh_s=0.0,  # admission reads the queues' load every time (tests set it)
+    control_timeout_s=1.0,
 )
 
 

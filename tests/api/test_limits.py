@@ -3,6 +3,7 @@
 # and a revoked key refused once the key cache expires. Refunds are the worker's (tests/workers).
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,6 +28,15 @@ def post(app_client, key: str, **body):
     )
 
 
+def seconds(duration: str) -> float:
+    """OpenAI's x-ratelimit-reset-* format: "0s", "250ms", "7.5s", "1m30s"."""
+    m = re.fullmatch(r"(?:(\d+)m)?(?:([\d.]+)s)?|(\d+)ms", duration)
+    assert m is not None and duration, duration
+    if m.group(3):
+        return int(m.group(3)) / 1000
+    return int(m.group(1) or 0) * 60 + float(m.group(2) or 0)
+
+
 def away_from_minute_edge() -> None:
     """Token windows are UTC minutes: keep a test's reservations inside one window."""
     if time.time() % 60 > 50:
@@ -44,6 +54,7 @@ def test_concurrency_limit_is_a_429_with_headers(app_client, make_tenant, worker
         assert refused.json()["error"]["type"] == "requests"
         assert refused.headers["x-ratelimit-limit-requests"] == "1"
         assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert refused.headers["x-ratelimit-reset-requests"] == "1s"
         assert int(refused.headers["retry-after"]) >= 1
         worker.publish(queued.request_id, worker.done("ok", 10, 3))
         admitted = first.result(timeout=30)
@@ -71,9 +82,12 @@ def test_tokens_per_minute_reserve_and_refuse(app_client, make_tenant, worker, r
         # It fits once this minute's 510 tokens have slid out far enough: the rest of this minute,
         # then 60 × (1 − 490/510) ≈ 2.4 s of the next one (metering/ratelimit.py).
         assert 1 <= int(refused.headers["retry-after"]) <= 63
-        assert refused.headers["x-ratelimit-reset-tokens"].endswith("s")
+        # Until the window counts nothing: the rest of this minute, then all of the next.
+        assert 60 <= seconds(refused.headers["x-ratelimit-reset-tokens"]) <= 120
         worker.publish(queued.request_id, worker.done("ok", 10, 500))
-        assert big.result(timeout=30).headers["x-ratelimit-remaining-tokens"] == "90"
+        admitted = big.result(timeout=30).headers
+        assert admitted["x-ratelimit-remaining-tokens"] == "90"
+        assert 60 <= seconds(admitted["x-ratelimit-reset-tokens"]) <= 120
     too_big = post(app_client, tenant.key, max_tokens=700)
     assert too_big.status_code == 429 and "too large" in too_big.json()["error"]["message"]
 

@@ -118,3 +118,21 @@ def test_images_copy_every_package_the_project_installs(image):
     dockerfile = (DEPLOY / "docker" / f"{image}.Dockerfile").read_text()
     copied = set(re.findall(r"^COPY (\w+) \1$", dockerfile, re.M))
     assert packages <= copied, f"{image}.Dockerfile misses {sorted(packages - copied)}"
+
+
+def test_prometheus_scrapes_the_api_metrics_listener():
+    # The API port's /metrics needs an admin key (its series name tenants); the examples scrape
+    # the keyless listener, which they keep off the published ports.
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    api = compose["services"]["api"]
+    metrics_port = api["environment"]["FLEETLM_METRICS_PORT"]
+    assert all(not p.startswith(f"{metrics_port}:") for p in api.get("ports", []))
+    job = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"][0]
+    assert [c["port"] for c in job["dns_sd_configs"]] == [int(metrics_port)]
+    k8s = list(yaml.safe_load_all((DEPLOY / "k8s" / "api.yaml").read_text()))
+    container = k8s[0]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == int(env["FLEETLM_METRICS_PORT"])
+    monitor = yaml.safe_load((DEPLOY / "k8s" / "monitoring.yaml").read_text())
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]

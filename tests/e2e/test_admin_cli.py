@@ -1,8 +1,10 @@
 # The operator's CLI against a running `fleetlm serve`: tenants, limits and keys; prices and the
 # invoice that `fleetlm usage` prints from metered rows.
 import json
+import subprocess
 import uuid
 
+from tests.e2e.conftest import CLI, ROOT
 from tests.e2e.test_usage import complete
 
 
@@ -65,3 +67,19 @@ def test_prices_apply_to_the_invoice(server):
     assert csv[0].startswith("model,requests,") and csv[1].startswith("tiny,2,")
     table = server.cli("usage", "--tenant", name, "--group-by", "model")
     assert "total" in table and "over 2 requests" in table
+
+
+def test_tenant_names_have_a_charset_and_a_length(server):
+    for bad in ("", "tenA ", "a\nb", "rtl\u202eevil", "n" * 250):
+        out = subprocess.run(
+            [*CLI, "tenants", "create", bad, "--data-dir", str(server.data_dir)],
+            env=server.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode != 0, repr(bad)
+        assert "invalid tenant name" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    listed = {r["tenant"] for r in json.loads(server.cli("tenants", "list", "--json"))}
+    assert not {n for n in listed if n != n.strip() or not n}

@@ -48,6 +48,7 @@ def test_models(server):
     (card,) = models.data
     assert card.id == "tiny" and card.object == "model" and card.owned_by == "fleetlm"
     assert card.model_extra["max_model_len"] == 4096  # 256 KV blocks x 16 tokens
+    assert card.model_extra["vocab_size"] == 8192  # the tiny preset: token ids below it
     assert server.openai().models.retrieve("tiny").id == "tiny"
 
 

@@ -120,3 +120,28 @@ def test_cached_free_blocks_count_against_new_allocations():
     assert len(set(b.block_ids)) == len(b.block_ids) == 3
     bm.free(b)
     assert bm.num_free_blocks == 3
+
+
+def test_reset_prefix_cache_drops_unheld_blocks_and_keeps_running_ones():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    done = _req("done", list(range(12)))
+    _compute(bm, done, 12)
+    done_blocks = list(done.block_ids)
+    bm.free(done)
+    running = _req("running", [50 + t for t in range(8)])
+    _compute(bm, running, 8)
+    assert len(bm.cached_blocks) == 5
+
+    assert bm.reset_prefix_cache() == 3  # the finished request's blocks
+    assert set(bm.cached_blocks.values()) == set(running.block_ids)
+    assert bm.find_cached_prefix(_req("again", list(range(12)))) == []
+    # A block of the running request is still hit by a request sharing its prefix.
+    assert bm.find_cached_prefix(_req("shared", [50 + t for t in range(6)])) == [
+        running.block_ids[0]
+    ]
+    # Dropped blocks are unhashed, so they are handed out before any still-cached one.
+    bm.free(running)
+    assert set(list(bm.free_queue)[:3]) == set(done_blocks)
+    assert bm.reset_prefix_cache() == 2
+    assert bm.reset_prefix_cache() == 0
+    assert bm.cached_blocks == {}

@@ -191,3 +191,19 @@ def test_context_limits_are_checked_at_admission():
     engine.add_request("ok", list(range(10)), SamplingParams(max_tokens=None, ignore_eos=True))
     done = _drain(engine)
     assert done["ok"].usage.completion_tokens == 54 and done["ok"].finish_reason == "length"
+
+
+def test_reset_prefix_cache_makes_a_repeated_prompt_miss():
+    engine = _engine()
+    prompt = list(range(40))  # two full blocks a repeat can reuse
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+
+    def cached_tokens(request_id: str) -> int:
+        engine.add_request(request_id, prompt, params)
+        return _drain(engine)[request_id].usage.cached_tokens
+
+    assert cached_tokens("first") == 0
+    assert cached_tokens("repeat") == 32
+    assert engine.reset_prefix_cache() >= 2
+    assert cached_tokens("after-reset") == 0
+    assert cached_tokens("repeat-again") == 32

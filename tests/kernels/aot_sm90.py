@@ -16,9 +16,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels import fp8_quant, rms_norm, rotary, silu_mul, store_kv
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
-from kernels import rms_norm, rotary, silu_mul, store_kv
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # max shared memory per block on sm_90
@@ -60,13 +60,24 @@ def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages):
 
 
 def variants(dt: str = "bf16"):
-    kv = {"k_cache_ptr": dt, "v_cache_ptr": dt, "block_tables_ptr": "i32", "seq_lens_ptr": "i32"}
-    yield (
-        store_kv._store_kv_kernel,
-        {"key_ptr": dt, "value_ptr": dt, "k_cache_ptr": dt, "v_cache_ptr": dt,
-         "slot_mapping_ptr": "i64"},
-        (), {"BLOCK_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128}, 4, 1,
-    )  # fmt: skip
+    fp8 = "fp8e4nv"  # e4m3: the FP8 KV cache and FP8 activations
+    for quantize in (False, True):
+        cache = fp8 if quantize else dt
+        yield (
+            store_kv._store_kv_kernel,
+            {"key_ptr": dt, "value_ptr": dt, "k_cache_ptr": cache, "v_cache_ptr": cache,
+             "slot_mapping_ptr": "i64"},
+            ("k_scale", "v_scale"),
+            {"BLOCK_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128, "QUANTIZE": quantize,
+             "ROUND_IN_FP32": False},
+            4, 1,
+        )  # fmt: skip
+    for static in (False, True):
+        yield (
+            fp8_quant._quantize_fp8_kernel,
+            {"x_ptr": dt, "q_ptr": fp8, "scale_ptr": "fp32", "static_scale_ptr": "fp32"},
+            ("scale_ub",), {"STATIC": static, "BLOCK_K": 2048, "ROUND_IN_FP32": False}, 8, 1,
+        )  # fmt: skip
     for residual in (True, False):
         yield (
             rms_norm._rms_norm_kernel,
@@ -80,16 +91,20 @@ def variants(dt: str = "bf16"):
         (), {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_H": 32}, 4, 1,
     )  # fmt: skip
     yield silu_mul._silu_and_mul_kernel, {"x_ptr": dt, "out_ptr": dt}, (), {"BLOCK": 1024}, 4, 1
-    for group, head_dim in ((4, 128), (8, 64), (1, 128)):
+    for (group, head_dim), kv_fp8 in (((4, 128), False), ((8, 64), False), ((1, 128), False),
+                                      ((8, 128), True)):  # fmt: skip
+        cache = fp8 if kv_fp8 else dt
+        kv = {"k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "i32",
+              "seq_lens_ptr": "i32"}  # fmt: skip
         for one_split in (True, False):
             yield (
                 pda._decode_split_kernel,
                 {"q_ptr": dt, "out_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32",
                  "part_acc_ptr": "fp32", **kv},
-                ("qk_scale",),
+                ("qk_scale", "v_scale"),
                 {"GROUP": group, "BLOCK_G": max(16, group), "HEAD_DIM": head_dim,
                  "BLOCK_SIZE": 16, "BLOCK_N": pda.BLOCK_N_DEFAULT, "NUM_SPLITS_IS_ONE": one_split,
-                 "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
+                 "KV_FP8": kv_fp8, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
                 pda.NUM_WARPS, pda.NUM_STAGES,
             )  # fmt: skip
         yield (
@@ -101,9 +116,10 @@ def variants(dt: str = "bf16"):
             yield (
                 ppa._prefill_kernel,
                 {"q_ptr": dt, "out_ptr": dt, "query_start_loc_ptr": "i32", **kv},
-                ("qk_scale",),
+                ("qk_scale", "v_scale"),
                 {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_M": block_m,
-                 "BLOCK_N": ppa.BLOCK_N_DEFAULT, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
+                 "BLOCK_N": ppa.BLOCK_N_DEFAULT, "KV_FP8": kv_fp8, "UPCAST_DOT": False,
+                 "DOT_PRECISION": "tf32"},
                 8 if block_m >= 128 else 4, ppa.NUM_STAGES,
             )  # fmt: skip
 

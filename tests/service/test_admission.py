@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from service import streams as p
 from service.admission import enqueue, enqueue_once
 from service.errors import APIError
+from service.limits import duration
 from service.queued_request import QueuedRequest
 from service.schemas.models import ModelCard
 from service.settings import Settings
@@ -68,3 +69,12 @@ def test_enqueue_once_is_idempotent_per_request_id(services):
         assert await enqueue_once(context, queued()) is None  # full: back-pressure, no error
 
     run(services, 1, check)
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [(0, "0s"), (-5, "0s"), (250, "250ms"), (1000, "1s"), (7500, "7.5s"), (90_000, "1m30s"),
+     (61_001, "1m1.001s"), (120_000, "2m0s")],
+)  # fmt: skip
+def test_reset_durations_in_openai_format(ms, text):
+    assert duration(ms) == text

@@ -32,8 +32,10 @@ def runner(services, sessions) -> Runner:
     return Runner(SETTINGS, sessions, services.redis_url)
 
 
-def new_batch(sessions, lines: list[dict]):
-    content = "".join(json.dumps(x) + "\n" for x in lines).encode()
+def new_batch(sessions, lines: list[dict], content: bytes | None = None):
+    """A batch over these lines (or this raw content), stored as is: no upload checks."""
+    if content is None:
+        content = "".join(json.dumps(x) + "\n" for x in lines).encode()
     with transaction(sessions) as s:
         tenant, _ = create_tenant(s, f"batch-{time.monotonic_ns()}")
         f = create_file(s, tenant.id, "batch", "in.jsonl", content)
@@ -123,3 +125,39 @@ def test_a_stale_pump_is_rearmed_and_the_old_chain_stops(gpu_worker, runner, ses
     pump_until_final(runner, batch_id, armed[batch_id])
     with transaction(sessions) as s:
         assert get_batch(s, tenant_id, batch_id).status == "completed"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        line("c" * 600),  # over the custom_id column: the INSERT failed, the pump retried forever
+        line("nul\x00id"),
+        {**line("other-url"), "url": "/v1/completions"},
+    ],
+)
+def test_input_that_fails_validation_fails_the_batch_once(runner, sessions, bad):
+    tenant_id, batch_id, token = new_batch(sessions, [line("ok"), bad, line("ok")])
+    assert runner.pump(batch_id, token) is False  # final after one pump: nothing to retry
+    with transaction(sessions) as s:
+        batch = get_batch(s, tenant_id, batch_id)
+        assert batch.status == "failed" and batch.failed_at is not None and batch.total == 0
+        assert [e["line"] for e in batch.errors] == [2, 3]
+        assert all(e["code"] == "invalid_file" for e in batch.errors)
+        error_file = batch.error_file_id
+    errors = {}
+    with transaction(sessions) as s:
+        content = get_file(s, tenant_id, error_file, with_content=True).content
+    for x in map(json.loads, content.decode().split("\n")[:-1]):
+        errors[x["error"]["line"]] = x
+    assert set(errors) == {2, 3} and errors[3]["custom_id"] == "ok"  # the duplicate
+    assert all(x["response"] is None for x in errors.values())
+    assert runner.pump(batch_id, token) is False
+    assert batch_id not in {b for b, _ in runner.sweep()}  # a failed batch is never re-armed
+
+
+def test_a_file_that_is_not_jsonl_fails_the_batch(runner, sessions):
+    tenant_id, batch_id, token = new_batch(sessions, [line("a")], content=b"not json\n")
+    assert runner.pump(batch_id, token) is False
+    with transaction(sessions) as s:
+        batch = get_batch(s, tenant_id, batch_id)
+        assert batch.status == "failed" and "not valid JSON" in batch.errors[0]["message"]

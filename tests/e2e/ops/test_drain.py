@@ -102,6 +102,7 @@ def test_api_drain_refuses_new_work_and_finishes_open_streams(fleet):
 
     port = free_port()
     env = {**fleet.env, "FLEETLM_PORT": str(port), "FLEETLM_DRAIN_DELAY_S": "1"}
+    env["FLEETLM_METRICS_PORT"] = "0"  # the fleet's API holds the metrics port
     log = open(fleet.log_path, "a")  # noqa: SIM115 - the child keeps writing to it
     api = subprocess.Popen(
         [*CLI, "api", "--data-dir", str(fleet.data_dir)],
@@ -127,7 +128,10 @@ def test_api_drain_refuses_new_work_and_finishes_open_streams(fleet):
         results: dict[int, dict] = {}
         t = threading.Thread(target=stream_chat, args=(base, fleet.key, results, 0))
         t.start()
-        wait_until(lambda: fleet.redis.xlen("fleetlm:q:interactive") > 0, 20, "the open stream")
+        try:
+            wait_until(lambda: fleet.redis.xlen("fleetlm:q:interactive") > 0, 20, "the stream")
+        except AssertionError:
+            raise AssertionError(f"{results}\n{fleet.log()}") from None
         api.send_signal(signal.SIGTERM)
         r = wait_until(
             lambda: (g := httpx.get(base + "/ready", timeout=2)).status_code == 503 and g,

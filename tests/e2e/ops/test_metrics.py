@@ -1,5 +1,7 @@
 # /metrics: vLLM-named engine series from every worker (labelled by worker) and fleetlm's own
 # series on the API, present and moving under traffic; a worker's own port serves the same names.
+# The API port's /metrics needs an admin key (its series name tenants); the scraper reads the
+# API's metrics listener.
 from __future__ import annotations
 
 import httpx
@@ -30,9 +32,10 @@ VLLM_HISTOGRAMS = (
 )
 
 
-def scrape(url: str) -> dict[str, list]:
+def scrape(url: str, key: str | None = None) -> dict[str, list]:
     """family name → samples; counters keep their `_total` sample names."""
-    r = httpx.get(url, timeout=10)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(url, headers=headers, timeout=10)
     r.raise_for_status()
     assert r.headers["content-type"].startswith("text/plain")
     return {f.name: (f.type, f.samples) for f in text_string_to_metric_families(r.text)}
@@ -48,8 +51,18 @@ def total(families, sample_name: str, **labels) -> float:
     )
 
 
-def test_api_metrics_carry_every_worker_and_move_under_traffic(fleet):
+def test_api_port_metrics_need_an_admin_key(fleet):
     url = fleet.base_url + "/metrics"
+    assert httpx.get(url, timeout=10).status_code == 401
+    tenant = {"Authorization": f"Bearer {fleet.key}"}
+    assert httpx.get(url, headers=tenant, timeout=10).status_code == 403
+    assert "fleetlm:queue_depth" in scrape(url, fleet.admin_key)
+    listener = f"http://127.0.0.1:{fleet.metrics_port}"
+    assert httpx.get(listener + "/v1/models", headers=tenant, timeout=10).status_code == 404
+
+
+def test_api_metrics_carry_every_worker_and_move_under_traffic(fleet):
+    url = f"http://127.0.0.1:{fleet.metrics_port}/metrics"  # the scraper's listener: no key
     wait_until(lambda: len(scrape(url).get("vllm:num_requests_running", (0, []))[1]) == 2, 20,
                "both workers' series on the API's /metrics")  # fmt: skip
     before = scrape(url)

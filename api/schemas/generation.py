@@ -1,0 +1,76 @@
+# The generation responses as the OpenAPI document describes them. The formatters
+# (service/schemas/chat.py, completions.py) build these shapes as dicts; the schemathesis test
+# (tests/api/test_openapi_conformance.py) checks that what they build matches.
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from service.schemas.sampling import Usage
+
+FinishReason = Literal["stop", "length"] | None  # service/events.py DoneEvent
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+    refusal: None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    service_tier: str
+    system_fingerprint: None = None
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    service_tier: str
+    system_fingerprint: None = None
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[CompletionChoice]
+    usage: Usage | None = None

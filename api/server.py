@@ -1,0 +1,95 @@
+# The HTTP server around the app (`fleetlm api`): uvicorn on h11 with a header deadline, the API
+# port and, when metrics_port is set, a second listener for the scraper; SIGTERM drains first.
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from service.settings import Settings
+
+
+class HeaderDeadlineProtocol(H11Protocol):
+    """h11 that closes a connection whose request line and headers have not all arrived within
+    `header_timeout_s` of the connection opening, or of the previous response on a kept-alive
+    connection (uvicorn's keep-alive timer stops at the first byte, so a client dripping header
+    bytes would otherwise hold the connection forever). Bodies have their own deadline
+    (api/body_limits.py)."""
+
+    header_timeout_s = 10.0
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if not self.transport.is_closing():
+            cycle = self.cycle
+            self._deadline = self.loop.call_later(self.header_timeout_s, self._expire, cycle)
+
+    def _expire(self, cycle: Any) -> None:
+        # Still the cycle it was armed with, and no request in flight: we are waiting for headers.
+        idle = cycle is None or cycle.response_complete
+        if self.cycle is cycle and idle and not self.transport.is_closing():
+            self.transport.close()
+
+
+def protocol_for(settings: Settings) -> type[H11Protocol]:
+    return type(
+        "HeaderDeadlineProtocol",
+        (HeaderDeadlineProtocol,),
+        {"header_timeout_s": settings.header_timeout_s},
+    )
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=port,
+        http=protocol_for(settings),
+        log_level="warning",
+        log_config=None,
+        timeout_graceful_shutdown=5,
+    )
+
+
+def listeners(app: FastAPI, settings: Settings) -> tuple[uvicorn.Config, list[socket.socket]]:
+    """The server's config and its sockets: the API port, then the metrics port if set."""
+    config = uvicorn_config(app, settings, settings.port)
+    sockets = [config.bind_socket()]
+    if settings.metrics_port:
+        if settings.metrics_port == settings.port:
+            raise ValueError("FLEETLM_METRICS_PORT must differ from FLEETLM_PORT")
+        sockets.append(uvicorn_config(app, settings, settings.metrics_port).bind_socket())
+    return config, sockets
+
+
+def serve(app: FastAPI, settings: Settings) -> None:
+    class DrainingServer(uvicorn.Server):
+        # First SIGTERM/SIGINT: drain (api/drain.py), then exit as uvicorn does; a second: now.
+        def handle_exit(self, sig: int, frame: object) -> None:
+            drain = app.state.drain
+            if drain.draining:
+                super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            else:
+                drain.start(lambda: super(DrainingServer, self).handle_exit(sig, None))
+
+    config, sockets = listeners(app, settings)
+    DrainingServer(config).run(sockets=sockets)

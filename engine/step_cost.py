@@ -1,0 +1,163 @@
+# A per-step cost model fit online from the engine's own steps, and the prefill allowance it
+# gives: how many prefill tokens a step may carry beside its decodes so the step stays under a
+# time target. A step's time is modelled as
+#
+#   t ≈ w_fixed + w_eager·[prefill > 0] + w_row·decodes + w_ctx·decode_context
+#       + w_tok·prefill_tokens + w_pair·prefill_pairs
+#
+#   decodes         rows with one query token
+#   decode_context  Σ context of those rows (the KV every decode reads)
+#   prefill_tokens  query tokens of the other rows (chunks of prompts)
+#   prefill_pairs   Σ over prefill rows of chunk × (computed + chunk / 2): causal attention work
+#   [prefill > 0]   a step with a prefill chunk runs eagerly (no CUDA graph): launch overhead
+#
+# The weights are a least-squares fit over the last `window` steps, refit every `refit_every`
+# steps and kept non-negative (a negative weight would promise free work).
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.request import Priority
+
+NUM_FEATURES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    decodes: int
+    decode_context: int
+    prefill_tokens: int
+    prefill_pairs: float
+
+    def vector(self) -> np.ndarray:
+        return np.array(
+            [1.0, float(self.prefill_tokens > 0), self.decodes, self.decode_context,
+             self.prefill_tokens, self.prefill_pairs],
+            dtype=np.float64,
+        )  # fmt: skip
+
+
+def chunk_pairs(chunk: int, computed: int) -> float:
+    """Causal attention pairs of a prefill chunk of `chunk` tokens after `computed` ones."""
+    return chunk * (computed + (chunk + 1) / 2)
+
+
+class StepCostModel:
+    def __init__(self, window: int = 2048, min_samples: int = 64, refit_every: int = 64) -> None:
+        if min_samples < NUM_FEATURES or window < min_samples or refit_every < 1:
+            raise ValueError("need window >= min_samples >= the number of features")
+        self.window = window
+        self.min_samples = min_samples
+        self.refit_every = refit_every
+        self._x = np.zeros((window, NUM_FEATURES))
+        self._y = np.zeros(window)
+        self.num_observed = 0
+        self.weights: np.ndarray | None = None  # [NUM_FEATURES], None until fitted
+
+    @property
+    def fitted(self) -> bool:
+        return self.weights is not None
+
+    def observe(self, features: StepFeatures, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds <= 0:
+            return
+        slot = self.num_observed % self.window
+        self._x[slot] = features.vector()
+        self._y[slot] = seconds
+        self.num_observed += 1
+        n = self.num_observed
+        if n >= self.min_samples and (self.weights is None or n % self.refit_every == 0):
+            self._fit()
+
+    def _fit(self) -> None:
+        n = min(self.num_observed, self.window)
+        x, y = self._x[:n], self._y[:n]
+        # Columns that never vary carry no information (e.g. no prefill seen yet): fit the rest.
+        active = [0] + [j for j in range(1, NUM_FEATURES) if np.ptp(x[:, j]) > 0]
+        weights = np.zeros(NUM_FEATURES)
+        for _ in range(NUM_FEATURES):  # drop negative weights and refit: a small NNLS
+            scale = np.maximum(np.abs(x[:, active]).max(axis=0), 1e-12)
+            solved, *_ = np.linalg.lstsq(x[:, active] / scale, y, rcond=None)
+            solved = solved / scale
+            negative = [a for a, w in zip(active, solved) if w < 0 and a != 0]
+            if not negative:
+                weights[active] = solved
+                break
+            active = [a for a in active if a not in negative]
+        weights[0] = max(weights[0], 0.0)
+        self.weights = weights
+
+    def predict(self, features: StepFeatures) -> float:
+        if self.weights is None:
+            raise RuntimeError("the model is not fitted yet")
+        return float(features.vector() @ self.weights)
+
+    def max_prefill_tokens(
+        self, decodes: int, decode_context: int, computed: int, target_s: float, limit: int
+    ) -> int:
+        """The largest chunk p ≤ limit (after `computed` tokens of its prompt) for which the
+        predicted step time stays ≤ target_s; 0 when even p = 1 would not."""
+        w = self.weights
+        if w is None:
+            return limit
+        base = w[0] + w[1] + w[2] * decodes + w[3] * decode_context
+        # target ≥ base + w_tok·p + w_pair·p·(computed + (p + 1)/2): a quadratic in p.
+        a = w[5] / 2
+        b = w[4] + w[5] * (computed + 0.5)
+        c = base - target_s
+        if c > 0:
+            return 0
+        if a > 0:
+            p = (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+        elif b > 0:
+            p = -c / b
+        else:
+            return limit
+        return max(0, min(limit, int(p)))
+
+
+class PrefillPolicy:
+    """The scheduler's prefill allowance per step: while decodes run, only as many prefill
+    tokens as keep the predicted step under `step_time_target_s` (TPOT holds); but a short
+    interactive prompt that has waited `ttft_guard_s` gets the whole budget (TTFT holds)."""
+
+    def __init__(
+        self,
+        step_time_target_s: float,
+        *,
+        ttft_guard_s: float,
+        ttft_prompt_tokens: int,
+        model: StepCostModel | None = None,
+    ) -> None:
+        self.step_time_target_s = step_time_target_s
+        self.ttft_guard_s = ttft_guard_s
+        self.ttft_prompt_tokens = ttft_prompt_tokens
+        self.model = model or StepCostModel()
+
+    def allowance(self, decodes: list, prefills: list, budget: int, now: float) -> int:
+        """decodes: running requests with one pending token; prefills: requests that would
+        take prefill tokens this step (running ones first, then the waiting, in order)."""
+        if not decodes or not prefills or not self.model.fitted:
+            return budget
+        for r in prefills:
+            if (
+                r.priority is Priority.INTERACTIVE
+                and r.num_prompt_tokens < self.ttft_prompt_tokens
+                and r.arrival_time is not None
+                and now - r.arrival_time > self.ttft_guard_s
+            ):
+                return budget
+        context = sum(r.num_tokens for r in decodes)
+        first = prefills[0].num_computed_tokens
+        allowed = self.model.max_prefill_tokens(
+            len(decodes), context, first, self.step_time_target_s, budget - len(decodes)
+        )
+        # At least one token, so prompts always move (slowly) even under a tight target.
+        return max(1, allowed)
+
+    def observe(self, features: StepFeatures | None, seconds: float) -> None:
+        if features is not None:
+            self.model.observe(features, seconds)

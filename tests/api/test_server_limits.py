@@ -1,0 +1,115 @@
+# The real HTTP server (api/server.py: uvicorn, h11) in a thread of the test process: a client
+# that never finishes its headers, or drips them, is disconnected; a body that stalls is answered
+# 408 and disconnected; the metrics listener serves /metrics without a key and nothing else.
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+
+from api.main import create_app
+from api.server import listeners
+from tests.api.conftest import SETTINGS
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    port: int
+    metrics_port: int
+
+    def url(self, path: str, port: int | None = None) -> str:
+        return f"http://127.0.0.1:{port or self.port}{path}"
+
+
+@pytest.fixture(scope="module")
+def served(services) -> Iterator[Served]:
+    settings = SETTINGS.model_copy(
+        update={
+            "port": free_port(),
+            "metrics_port": free_port(),
+            "header_timeout_s": HEADER_TIMEOUT_S,
+            "body_timeout_s": BODY_TIMEOUT_S,
+        }
+    )
+    app = create_app(settings, services.redis_url, services.database_url)
+    config, sockets = listeners(app, settings)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 30, "the server to start")
+    yield Served(settings.port, settings.metrics_port)
+    server.should_exit = True
+    thread.join(timeout=15)
+    assert not thread.is_alive(), "the server did not stop"
+
+
+def connect(served: Served) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    sock.settimeout(10)  # a generous bound on every read: the deadlines are ~1 s
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    received = b""
+    while chunk := sock.recv(65536):  # b"" once the server closed the connection
+        received += chunk
+    return received
+
+
+def test_unfinished_headers_are_disconnected(served):
+    with connect(served) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: never complete
+        assert read_until_closed(sock) == b""
+    assert httpx.get(served.url("/health")).status_code == 200  # the server itself is fine
+
+
+def test_headers_dripped_byte_by_byte_are_disconnected(served):
+    # Each byte resets uvicorn's idle timer; the deadline counts from the connection.
+    with connect(served) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        deadline = time.monotonic() + 20 * HEADER_TIMEOUT_S
+        with pytest.raises(OSError):  # the server closes; a later send fails
+            while time.monotonic() < deadline:
+                sock.sendall(b"X")
+                time.sleep(0.05)
+        assert time.monotonic() < deadline, "still connected long after the header deadline"
+
+
+def test_a_stalled_body_is_answered_408_and_disconnected(served):
+    with connect(served) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer flm-whoever\r\nContent-Length: 1000\r\n\r\n"
+            b'{"model": '
+        )
+        response = read_until_closed(sock)
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), response
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+
+
+def test_the_metrics_listener_serves_only_metrics_without_a_key(served):
+    scraped = httpx.get(served.url("/metrics", served.metrics_port))
+    assert scraped.status_code == 200 and "fleetlm:queue_depth" in scraped.text
+    elsewhere = httpx.get(served.url("/v1/models", served.metrics_port))
+    assert elsewhere.status_code == 404 and elsewhere.json()["error"]["code"] == "not_found"
+    assert httpx.get(served.url("/metrics")).status_code == 401  # the API port: a key needed

@@ -1,0 +1,125 @@
+# The latency-aware prefill budget (engine/step_cost.py): the online cost model recovers a
+# synthetic step-time function, the allowance keeps the predicted step under the target, and
+# the scheduler chunks prompts by it while decodes run — except for a short interactive prompt
+# that has waited too long, which gets the whole step.
+import random
+import time
+
+import pytest
+
+from engine import LLMEngine, SamplingParams
+from engine.config import EngineConfig
+from engine.step_cost import PrefillPolicy, StepCostModel, StepFeatures, chunk_pairs
+
+# A synthetic machine: 4 ms fixed, 20 ms more for an eager (prefill) step, 30 µs per decode
+# row, 2 ns per context token read, 12 µs per prefill token, 1 ns per attention pair.
+TRUE = (0.004, 0.020, 30e-6, 2e-9, 12e-6, 1e-9)
+
+
+def true_time(f: StepFeatures) -> float:
+    return float(f.vector() @ TRUE)
+
+
+def random_features(rng: random.Random) -> StepFeatures:
+    decodes = rng.randint(0, 200)
+    chunk = rng.choice([0, 0, rng.randint(1, 8192)])
+    computed = rng.randint(0, 20000)
+    return StepFeatures(
+        decodes,
+        decodes * rng.randint(100, 4000),
+        chunk,
+        chunk_pairs(chunk, computed) if chunk else 0,
+    )
+
+
+def fitted_model(noise: float = 0.02, samples: int = 512) -> StepCostModel:
+    rng = random.Random(0)
+    model = StepCostModel(window=1024, min_samples=64, refit_every=32)
+    for _ in range(samples):
+        f = random_features(rng)
+        model.observe(f, true_time(f) * (1 + rng.uniform(-noise, noise)))
+    return model
+
+
+def test_the_model_recovers_the_step_time_function():
+    model = fitted_model()
+    assert model.fitted
+    rng = random.Random(1)
+    for _ in range(200):
+        f = random_features(rng)
+        assert model.predict(f) == pytest.approx(true_time(f), rel=0.08, abs=0.0005)
+    assert all(w >= 0 for w in model.weights)
+    with pytest.raises(RuntimeError):
+        StepCostModel().predict(StepFeatures(1, 1, 0, 0))
+
+
+def test_the_allowance_keeps_the_predicted_step_under_the_target():
+    model = fitted_model()
+    target = 0.040
+    for decodes, context, computed in [
+        (10, 20_000, 0),
+        (64, 150_000, 1200),
+        (200, 600_000, 25_000),
+    ]:
+        p = model.max_prefill_tokens(decodes, context, computed, target, limit=8192)
+        assert 0 < p < 8192
+        at = StepFeatures(decodes, context, p, chunk_pairs(p, computed))
+        over = StepFeatures(decodes, context, p + 1, chunk_pairs(p + 1, computed))
+        assert model.predict(at) <= target < model.predict(over)
+    # A target the decodes alone already exceed leaves no prefill; a loose one, the limit.
+    assert model.max_prefill_tokens(250, 4_000_000, 0, 0.010, limit=8192) == 0
+    assert model.max_prefill_tokens(1, 100, 0, 10.0, limit=8192) == 8192
+
+
+def _engine(target: float | None, **options) -> LLMEngine:
+    options.setdefault("num_kv_blocks", 512)
+    return LLMEngine(EngineConfig(model="tiny", device="cpu", step_time_target_s=target, **options))
+
+
+def test_the_scheduler_chunks_prompts_by_the_allowance_while_decodes_run():
+    engine = _engine(0.040, max_num_batched_tokens=4096)
+    policy = engine.prefill_policy
+    policy.model = fitted_model()
+    policy.observe = lambda features, seconds: None  # keep the synthetic machine's model
+    decode = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    for i in range(8):
+        engine.add_request(f"chat-{i}", list(range(1, 20)), decode, arrival_time=time.time())
+    engine.step()  # their prefills: no decodes running yet, the whole budget
+    engine.add_request("doc", list(range(500, 3500)), decode, "batch", arrival_time=time.time())
+    chunks = []
+    while engine.scheduler.requests["doc"].num_computed_tokens < 3000:
+        engine.step()
+        out_features = engine.scheduler.last_features
+        chunks.append(out_features.prefill_tokens)
+        assert out_features.decodes == 8
+        assert policy.model.predict(out_features) <= 0.040 + 1e-9
+    assert len(chunks) > 1 and max(chunks) < 3000  # chunked, not one 3000-token step
+
+
+def test_a_short_interactive_prompt_that_waited_gets_the_whole_step():
+    engine = _engine(0.040, max_num_batched_tokens=4096)
+    engine.prefill_policy.model = fitted_model()
+    engine.prefill_policy.observe = lambda features, seconds: None
+    decode = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    for i in range(8):
+        engine.add_request(f"chat-{i}", list(range(1, 20)), decode)
+    engine.step()
+    # Arrived 1 s ago (past the 0.3 s guard), 3,000 tokens (under 4,000): one step takes it.
+    engine.add_request("late", list(range(500, 3500)), decode, arrival_time=time.time() - 1.0)
+    engine.step()
+    assert engine.scheduler.last_features.prefill_tokens == 3000
+
+
+def test_without_a_target_or_a_fit_nothing_changes():
+    decode = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    results = []
+    for target in (None, 0.040):  # 0.040 but not yet fitted: the whole budget, same tokens
+        engine = _engine(target)
+        engine.add_request("a", list(range(1, 40)), decode)
+        tokens = []
+        while engine.has_unfinished():
+            tokens += [t for d in engine.step() for t in d.new_token_ids]
+        results.append(tokens)
+    assert results[0] == results[1]
+    policy = PrefillPolicy(0.04, ttft_guard_s=0.3, ttft_prompt_tokens=4000)
+    assert policy.allowance([], [], 8192, time.time()) == 8192
