@@ -29,11 +29,15 @@ EXIT_SLACK_S = 8.0  # the writer's last flush, Celery, the embedded services' st
 
 def test_sigterm_during_long_streams_ends_them_explicitly_and_exits_in_time(tmp_path_factory):
     srv = fault_server(
-        tmp_path_factory, "drain", workers=1, FLEETLM_DRAIN_TIMEOUT_S=str(DRAIN_TIMEOUT_S)
+        tmp_path_factory,
+        "drain",
+        workers=1,
+        FLEETLM_DRAIN_TIMEOUT_S=str(DRAIN_TIMEOUT_S),
+        FLEETLM_NUM_KV_BLOCKS="1200",  # room for every stream whole: no preemption
     )
     try:
         # Long enough to be running at the deadline however fast the machine is today.
-        threads, logs = start_streams(srv, [completion_body(3000) for _ in range(6)])
+        threads, logs = start_streams(srv, [completion_body(2500) for _ in range(6)])
         wait_until(lambda: all(lg.num_chunks >= 3 for lg in logs), 60, "every stream to start")
         signalled = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
