@@ -1,0 +1,104 @@
+# How a GPU worker takes requests into its engine: entries read off the queues, and entries of
+# a worker taken for dead (re-run, resumed after what its stream delivered, or ended when the
+# client cancelled meanwhile).
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from engine import SamplingParams
+from service.events import decode_event, error_event
+from service.output_stream import follow
+from service.queued_request import QueuedRequest
+from service.redis_clients import UNREACHABLE
+from workers.inflight import Inflight
+from workers.output_events import cancelled_before_takeover
+from workers.ownership import takeover_call
+
+log = logging.getLogger("fleetlm.worker")
+
+
+class QueueAdmission:
+    """The GpuWorker's admission half (mixed into workers.gpu_worker.GpuWorker)."""
+
+    def _admit(
+        self,
+        queue: str,
+        entry_id: str,
+        fields: dict | None,
+        *,
+        counted: bool = False,
+        resume: Any = None,
+    ) -> None:
+        """`counted`: read off the queue (not reclaimed), so its queued tokens leave the queue's
+        counter; `resume`: the follower of the stream another worker started."""
+        if not fields or "r" not in fields:  # deleted while pending
+            self.outbox.acks.append((queue, entry_id))
+            return
+        req = QueuedRequest.decode(fields["r"])
+        if req.request_id in self.inflight:
+            return
+        if counted and req.queued_tokens:
+            self.outbox.add_dequeued(req.priority, req.queued_tokens)
+        f = Inflight(req, queue, entry_id)
+        output: list[int] = []
+        if resume is not None:
+            output = resume.token_ids
+            f.published = True
+            f.sent_tokens = f.confirmed_tokens = resume.num_tokens
+            f.cached_tokens = resume.cached_tokens
+        with self._lock:
+            self.inflight[req.request_id] = f
+        try:
+            self.engine.add_request(
+                req.request_id,
+                req.prompt_token_ids,
+                SamplingParams(**asdict(req.sampling)),
+                priority=req.priority,
+                arrival_time=req.enqueued_at,
+                cache_salt=req.tenant_id,  # prefix-cache hits never cross tenants
+                output_token_ids=output,
+            )
+        except (ValueError, TypeError) as exc:
+            code = "worker_lost" if resume is not None else "invalid_request"
+            event = error_event(str(exc), code)
+            event["usage"] = f.usage(f.sent_tokens)
+            self.outbox.failed.append((f, event))
+
+    def _admit_reclaimed(self, queue: str, claimed: list) -> None:
+        """Entries of a worker taken for dead. One that is still ours (this worker was cut off
+        from Redis and its own heartbeat lapsed) stays as it is; any other is taken over:
+        re-run from the start, resumed after the tokens its stream already delivered, or ended
+        if its client went away meanwhile."""
+        for entry_id, fields in claimed:
+            if not fields or "r" not in fields:
+                self.outbox.acks.append((queue, entry_id))
+                continue
+            req = QueuedRequest.decode(fields["r"])
+            if req.request_id in self.inflight:
+                continue
+            ttl = self.outbox.output_ttl(Inflight(req, queue, entry_id))
+            try:
+                raw, cancel = self.redis.eval(*takeover_call(req.request_id, self.worker_id, ttl))
+            except UNREACHABLE as exc:  # still pending on us: claimed again later
+                log.warning("could not take over %s: %s", req.request_id, exc)
+                continue
+            # A script's reply: each entry is [id, [field, value, ...]].
+            follower, _ = follow([decode_event(dict(zip(f[::2], f[1::2]))) for _, f in raw])
+            if follower.finished:  # ended, and its entry left behind
+                self.outbox.acks.append((queue, entry_id))
+            elif cancel is not None:
+                f = Inflight(req, queue, entry_id, published=True)
+                f.cached_tokens = follower.cached_tokens
+                with self._lock:
+                    self.inflight[req.request_id] = f
+                self.outbox.failed.append((f, cancelled_before_takeover(f, follower, cancel)))
+            else:
+                resume = follower if follower.num_tokens else None
+                log.info(
+                    "taking over %s from a stopped worker after %d tokens",
+                    req.request_id,
+                    follower.num_tokens,
+                )
+                self._admit(queue, entry_id, fields, resume=resume)
