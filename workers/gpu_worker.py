@@ -39,6 +39,7 @@ from workers.inflight import Inflight
 from workers.load_report import LoadReport
 from workers.metrics import WorkerMetrics
 from workers.outbox import Outbox
+from workers.poll_pacer import SPIN_S, PollPacer
 from workers.queue_admission import QueueAdmission
 from workers.request_ends import RequestEnds
 from workers.round_trip import Exchange, RoundTrip
@@ -92,6 +93,7 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
         )
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
         self.load = LoadReport()
+        self.pacer = PollPacer()
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
         self.control = WorkerControl(self.engine, settings, redis_url, self.worker_id)
@@ -176,9 +178,15 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
         if step is not None:
             if not step.graphed:
                 self.engine.launch_step(step)
+            out = step.out
+            self.pacer.launched(decode_only=out.num_decodes == len(out.requests))
+            seen_done = False
             if reply is not None:
-                polled = self._poll_while_running(step, *reply)
-            row = self._account(step, self.engine.finish_step(step), loop_started)
+                polled, seen_done = self._poll_while_running(step, *reply)
+            deltas = self.engine.finish_step(step)
+            if not seen_done:
+                self.pacer.done()
+            row = self._account(step, deltas, loop_started)
         if reply is not None:
             self._apply(*reply, row, polled)
         self.step_timing.end_loop(row, loop_started)
@@ -198,32 +206,40 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
         self.load.on_step(step.out.total_tokens, time.perf_counter() - loop_started)
         return self.engine.last_step_row
 
-    def _poll_while_running(self, step, exchange: Exchange, results: list) -> list:
-        """New queue entries read while the step is still on the GPU, every worker_poll_s:
-        a request that arrives during a long step is admitted right after it, not a step
-        later. Returns [(queue, entry_id, fields)] for _apply."""
+    def _poll_while_running(self, step, exchange: Exchange, results: list) -> tuple[list, bool]:
+        """New queue entries read while the step is still on the GPU, every worker_poll_s, as
+        long as the step is expected to outlast a poll (workers/poll_pacer.py): a request that
+        arrives during a long step is admitted right after it, not a step later. Returns
+        [(queue, entry_id, fields)] for _apply, and whether the step was seen done."""
         interval = self.settings.worker_poll_s
         room = exchange.room - sum(
             len(entries) for _, entries in (results[exchange.at_read] or [])
         ) if exchange.at_read >= 0 else 0  # fmt: skip
         entries: list = []
         if interval <= 0 or room <= 0:
-            return entries
+            return entries, False
         next_poll = time.perf_counter() + interval
         streams = dict.fromkeys(exchange.read_streams, ">")
-        while room > 0 and not self.engine.step_done(step):
-            if time.perf_counter() < next_poll:
-                time.sleep(0.0002)
+        while room > 0:
+            if self.engine.step_done(step):
+                self.pacer.done()
+                return entries, True
+            now = time.perf_counter()
+            if now < next_poll:
+                time.sleep(SPIN_S)
                 continue
+            if not self.pacer.may_poll():
+                break  # finish_step waits on the step's event, and returns the moment it ends
             try:
                 got = self.redis.xreadgroup(p.GROUP, self.worker_id, streams, count=room)
             except UNREACHABLE:
-                return entries  # the next round trip finds Redis away
+                break  # the next round trip finds Redis away
+            self.pacer.polled(time.perf_counter() - now)
             for queue, read in got or []:
                 entries.extend((queue, entry_id, fields) for entry_id, fields in read)
                 room -= len(read)
             next_poll = time.perf_counter() + interval
-        return entries
+        return entries, False
 
     def _owned(self) -> list[tuple[str, str]]:
         with self._lock:
