@@ -277,7 +277,9 @@ class ModelRunner:
             pool = self.verify_graphs.capture(pool)
         self.graphs = step_graphs(1)
         pool = self.graphs.capture(pool)
-        if self.config.use_piecewise_graphs and self.draft is None:
+        # Not under tensor parallelism: the followers replay no pieces (engine/tp_followers.py).
+        tp = self.config.tensor_parallel_size
+        if self.config.use_piecewise_graphs and self.draft is None and tp == 1:
             self.piecewise = PiecewiseGraphs(
                 self.model, self.kv_caches, self.cos_sin, device=self.device, dtype=self.dtype,
                 max_tokens=min(self.config.piecewise_max_tokens,

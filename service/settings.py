@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     quantization: Literal["fp8"] | None = None
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     tensor_parallel_size: int = Field(1, ge=1)
-    use_piecewise_graphs: bool = False  # CUDA graph pieces for steps with prompt chunks
+    use_piecewise_graphs: bool = True  # CUDA graph pieces for steps with prompt chunks
     piecewise_max_tokens: int = 2048
     # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
     # this target (None: off, each step may fill max_num_batched_tokens with prefill).
