@@ -111,8 +111,13 @@ class Server:
         """The usage_records rows of these requests, once the writer has written all of them."""
         sql = "SELECT * FROM usage_records WHERE request_id = ANY(:ids)"
 
+        from sqlalchemy.exc import OperationalError
+
         def all_written():
-            rows = self.query(sql, ids=list(request_ids))
+            try:
+                rows = self.query(sql, ids=list(request_ids))
+            except OperationalError:  # a restarted Postgres that is still starting up
+                return None
             return rows if len({r.request_id for r in rows}) == len(set(request_ids)) else None
 
         return wait_until(all_written, timeout_s, "the usage rows", 0.2)
