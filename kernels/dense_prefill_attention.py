@@ -18,6 +18,9 @@
 #   table (every key visible; only its partial last tile masks the bound), the chunk's keys that
 #   every row of the tile sees (no masks at all: plain wgmma + exp2), then the tiles crossing
 #   the diagonal (causal mask). A prefix-free row (a whole new prompt) never reads the cache.
+# * K/V of the unmasked chunk tiles through the copy engine (host TensorDescriptors over k/v
+#   seen as [num_tokens, num_kv_heads * head_dim]; the default for 16-bit); the diagonal and
+#   prefix tiles, and k/v the descriptors cannot take, use pointer loads (cp.async pipelined).
 # * Online softmax in the log2 domain: qk_scale = softmax scale * log2(e) is applied with one
 #   FMA (s * qk_scale - m) before exp2; P @ V accumulates into acc in place (tl.dot's acc).
 # * Longest tiles first: grid (num_kv_heads, num_seqs, num_tiles) with the tile index reversed,
