@@ -95,6 +95,7 @@ class Bench:
         import triton.testing
 
         from kernels import (
+            dense_prefill_attention,
             fp8_quant,
             paged_decode_attention,
             paged_prefill_attention,
@@ -106,6 +107,7 @@ class Bench:
 
         self.triton = triton
         self.dec, self.pre = paged_decode_attention, paged_prefill_attention
+        self.dense = dense_prefill_attention
         self.kv, self.rms, self.rot, self.silu = store_kv, rms_norm, rotary, silu_mul
         self.fp8 = fp8_quant
         self.smoke = smoke
@@ -116,6 +118,7 @@ class Bench:
         self.cases: list[Case] = []
         self.copy_gbps: float | None = None
         self.matmul_tflops: float | None = None
+        self.prefill_8k: dict[str, Any] | None = None
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(0)
 
@@ -431,6 +434,137 @@ class Bench:
 
             self.run_case(case, body)
 
+            # the dense path on the same shape (the engine's choice for a float cache): the
+            # chunk's k/v rows as this step's new tokens, any prefix through the block table
+            dense_case = Case("dense_prefill_attention", dict(case.config), unit="TFLOP/s")
+
+            def body_dense(case: Case, n=n, prefix=prefix, q_len=q_len, seq_len=seq_len) -> None:
+                blocks_per_seq = triton_cdiv(seq_len, bs)
+                num_blocks = n * blocks_per_seq
+                k_cache = self.randn(num_blocks, bs, Hkv, D)
+                v_cache = self.randn(num_blocks, bs, Hkv, D)
+                perm = torch.randperm(num_blocks, device=self.device, generator=self.gen)
+                table = perm.view(n, blocks_per_seq).to(torch.int32)
+                seq_lens = torch.full((n,), seq_len, dtype=torch.int32, device=self.device)
+                qsl = torch.arange(n + 1, dtype=torch.int32, device=self.device) * q_len
+                q = self.randn(n * q_len, H, D)
+                # k, v: [n * q_len, Hkv, D], what store_kv wrote for the chunk
+                k = k_cache[table.long()].flatten(1, 2)[:, prefix:seq_len].flatten(0, 1)
+                v = v_cache[table.long()].flatten(1, 2)[:, prefix:seq_len].flatten(0, 1)
+                out = torch.empty_like(q)
+                args = (q, k, v, k_cache, v_cache, table, seq_lens, qsl, q_len, scale)
+
+                def run() -> None:
+                    self.dense.dense_prefill_attention(*args, out=out)
+
+                run()
+                ref = self.pre.paged_prefill_attention_ref(
+                    q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale
+                )
+                case.check = rel_error(out, ref, self.dtype)
+                del ref
+                keys_seen = q_len * (prefix + 1) + q_len * (q_len - 1) // 2
+                case.work = 4.0 * n * keys_seen * H * D
+                case.peak = self.matmul_tflops
+                case.triton_ms = self.time_ms(run)
+                case.note = f"default config {self.dense.default_config(self.dtype, D)}"
+
+            self.run_case(dense_case, body_dense)
+
+    # -- prefill attention on 1 x 8192 causal: the issue-15 target ------------------------------
+    def bench_prefill_8k(self) -> None:
+        """The old paged path, the dense path's default and every config in its sweep, and
+        PyTorch's SDPA (flash) on one 8192-token causal prompt with Llama-3.1-8B attention, each
+        as TFLOP/s and % of the measured bf16 matmul ceiling (target: >= 70 %). q/k/v are views
+        of one fused qkv buffer, as the engine passes them."""
+        import torch.nn.functional as F
+
+        if self.smoke:
+            L, H, Hkv, D, bs = 80, 4, 2, 64, 16
+            sweep = [
+                self.dense.PrefillConfig(32, 16, 4, 2),
+                self.dense.PrefillConfig(32, 16, 4, 2, True),
+            ]
+        else:
+            L, H, Hkv, D, bs = 8192, 32, 8, 128, 16
+            sweep = list(self.dense.CONFIGS_TO_SWEEP)
+        print(f"-- prefill 1 x {L} causal: q heads {H}, kv heads {Hkv}, head_dim {D}, block {bs}")
+        scale = D**-0.5
+        group = H // Hkv
+        flops = 4.0 * (L * (L + 1) // 2) * H * D  # QK^T and PV over the causal triangle
+        qkv = self.randn(L, H + 2 * Hkv, D)
+        q, k, v = qkv.split([H, Hkv, Hkv], dim=1)  # the engine's strided views
+        nb = triton_cdiv(L, bs)
+        perm = torch.randperm(nb, device=self.device, generator=self.gen)
+        table = perm.view(1, nb).to(torch.int32)
+        k_cache = torch.zeros(nb, bs, Hkv, D, dtype=self.dtype, device=self.device)
+        v_cache = torch.zeros_like(k_cache)
+        slots = (table[0].long()[:, None] * bs + torch.arange(bs, device=self.device)).flatten()
+        self.kv.store_kv(k, v, k_cache, v_cache, slots[:L].contiguous())
+        seq_lens = torch.tensor([L], dtype=torch.int32, device=self.device)
+        qsl = torch.tensor([0, L], dtype=torch.int32, device=self.device)
+        ref = self.pre.paged_prefill_attention_ref(
+            q, k_cache, v_cache, table, seq_lens, qsl, L, scale
+        )
+        rows: dict[str, Any] = {}
+
+        def add(name: str, label: str, run, note: str = "", check: bool = True) -> None:
+            case = Case(
+                name, {"shape": f"1x{L} {label}", "H": H, "Hkv": Hkv, "D": D, "bs": bs,
+                       "dtype": str(self.dtype), "show": ["shape"]},
+                unit="TFLOP/s", note=note,
+            )  # fmt: skip
+
+            def body(case: Case) -> None:
+                out = run()
+                if check:
+                    case.check = rel_error(out, ref, self.dtype)
+                case.work, case.peak = flops, self.matmul_tflops
+                case.triton_ms = self.time_ms(run)
+
+            self.run_case(case, body)
+            d = case.as_dict()
+            rows[label] = {"ms": case.triton_ms, "tflops": d["triton_rate"],
+                           "pct_of_matmul": d["triton_pct_of_peak"], "ok": d["check"].get("ok"),
+                           "error": case.error}  # fmt: skip
+
+        out = torch.empty_like(q)
+        add("paged_prefill_attention", "paged", lambda: self.pre.paged_prefill_attention(
+            q, k_cache, v_cache, table, seq_lens, qsl, L, scale, out=out))  # fmt: skip
+        args = (q, k, v, k_cache, v_cache, table, seq_lens, qsl, L, scale)
+        add("dense_prefill_attention", "dense default",
+            lambda: self.dense.dense_prefill_attention(*args, out=out),
+            note=str(self.dense.default_config(self.dtype, D)))  # fmt: skip
+        for cfg in sweep:
+            label = "dense " + "/".join(str(x) for x in cfg[:4]) + (" tma" if cfg.tma else "")
+            add("dense_prefill_attention", label,
+                lambda cfg=cfg: self.dense.dense_prefill_attention(*args, out=out, config=cfg),
+                note="BLOCK_M/BLOCK_N/num_warps/num_stages")  # fmt: skip
+        if self.cuda:
+            qd = q.transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
+            kd = k.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0).contiguous()
+            vd = v.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0).contiguous()
+            qd = qd.contiguous()
+            add("sdpa_flash", "sdpa", lambda: F.scaled_dot_product_attention(
+                qd, kd, vd, is_causal=True), note="dense K/V pre-expanded to all heads",
+                check=False)  # fmt: skip
+        dense_rows = {k: r for k, r in rows.items() if k.startswith("dense") and r["tflops"]
+                      and r["ok"]}  # fmt: skip
+        best = max(dense_rows, key=lambda k: dense_rows[k]["tflops"], default=None)
+        self.prefill_8k = {
+            "shape": {"L": L, "H": H, "Hkv": Hkv, "D": D, "block_size": bs, "causal": True},
+            "flops": flops,
+            "matmul_bf16_TFLOPs": self.matmul_tflops,
+            "target_pct_of_matmul": 70.0,
+            "rows": rows,
+            "best_dense": best,
+            "default_meets_target": (rows.get("dense default", {}).get("pct_of_matmul") or 0)
+            >= 70.0,
+        }
+        print(f"prefill 1x{L}: matmul ceiling {self.matmul_tflops:.1f} TFLOP/s; "
+              + "; ".join(f"{k} {r['pct_of_matmul']:.0f}%" for k, r in rows.items()
+                          if r["pct_of_matmul"]) + f"; best dense: {best}")  # fmt: skip
+
     # -- memory-bound elementwise kernels -----------------------------------------------------
     def bench_elementwise(self) -> None:
         elt = torch.empty((), dtype=self.dtype).element_size()
@@ -649,6 +783,7 @@ class Bench:
             "decode": self.bench_decode,
             "decode_splits": self.bench_decode_splits,
             "prefill": self.bench_prefill,
+            "prefill_8k": self.bench_prefill_8k,
             "elementwise": self.bench_elementwise,
             "fp8": self.bench_fp8,
         }
@@ -672,6 +807,7 @@ class Bench:
             "copy_GBps": self.copy_gbps,
             "matmul_bf16_TFLOPs": self.matmul_tflops,
             "elapsed_s": elapsed,
+            "prefill_8k": self.prefill_8k,
             "results": [c.as_dict() for c in self.cases],
         }
 
@@ -687,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma list of sections: decode,decode_splits,prefill,elementwise,fp8",
+        help="comma list of sections: decode,decode_splits,prefill,prefill_8k,elementwise,fp8",
     )
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)

@@ -1,7 +1,10 @@
 # Paged attention for one step's packed batch. The scheduler puts decodes (one query token)
-# first; on CUDA they go to the split-KV decode kernel and the rest to the extend kernel, on the
-# CPU everything goes through the torch reference. The metadata is all a backend needs, so
-# kernels slot in here without the scheduler knowing.
+# first; on CUDA they go to the split-KV decode kernel and the rest to a prefill kernel, on the
+# CPU everything goes through the torch reference. Prefill rows take the dense kernel, which
+# reads each chunk's own keys from this step's k/v (a whole new prompt never touches the cache;
+# a cached prefix, after a prefix hit or in a later chunk, is read through the block table); an
+# FP8 cache keeps the paged extend kernel (the dense k/v are not the cache's rounded values).
+# The metadata is all a backend needs, so kernels slot in here without the scheduler knowing.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,6 +64,7 @@ def paged_attention(
             meta.max_query_len, scale, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
 
+    from kernels.dense_prefill_attention import dense_prefill_attention
     from kernels.paged_decode_attention import paged_decode_attention
     from kernels.paged_prefill_attention import paged_prefill_attention
     from kernels.store_kv import store_kv
@@ -75,7 +79,12 @@ def paged_attention(
             max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits, out=out[:nd],
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
-    if nd < num_seqs:
+    if nd < num_seqs and k_cache.dtype == q.dtype:
+        dense_prefill_attention(
+            q[nd:], k[nd:], v[nd:], k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
+            meta.prefill_query_start_loc, meta.max_query_len, scale, out=out[nd:],
+        )  # fmt: skip
+    elif nd < num_seqs:
         paged_prefill_attention(
             q[nd:], k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
             meta.prefill_query_start_loc, meta.max_query_len, scale, out=out[nd:],

@@ -131,3 +131,52 @@ def test_kv_pool_is_sized_from_free_memory():
         [[1, 2, 3]], SamplingParams(temperature=0.7, seed=1, max_tokens=5, ignore_eos=True)
     )
     assert len(out[0].token_ids) == 5
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_paged_attention_prefill_paths_match_reference(cache_dtype):
+    # One step: two decodes, a whole new prompt (dense kernel, cache unread), a prefix-cache hit
+    # and a later chunk (dense over the chunk, paged over the prefix); an FP8 cache keeps the
+    # paged extend kernel. Against the CPU path (torch references), bf16 tolerance.
+    from engine.attention import AttentionMetadata, paged_attention
+
+    g = torch.Generator().manual_seed(11)
+    H, Hkv, D, bs = 32, 8, 128, 16
+    ctx_lens, q_lens = [300, 17, 0, 512, 1000], [1, 1, 700, 64, 257]
+    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
+    width = max((s + bs - 1) // bs for s in seq_lens)
+    num_blocks = len(seq_lens) * width
+    tables = torch.randperm(num_blocks, generator=g).view(len(seq_lens), width).int()
+    slots = [
+        int(tables[i, p // bs]) * bs + p % bs
+        for i, (c, n) in enumerate(zip(ctx_lens, q_lens))
+        for p in range(c, c + n)
+    ]
+    qsl = [0]
+    for n in q_lens:
+        qsl.append(qsl[-1] + n)
+    T = qsl[-1]
+    q, k, v = (torch.randn(T, h, D, generator=g).bfloat16() for h in (H, Hkv, Hkv))
+    cache = (torch.randn(2, num_blocks, bs, Hkv, D, generator=g) * 0.5).to(cache_dtype)
+
+    def run(device: str) -> torch.Tensor:
+        def i32(x):
+            return torch.tensor(x, dtype=torch.int32, device=device)
+
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=device),
+            block_tables=tables.to(device),
+            seq_lens=i32(seq_lens),
+            query_start_loc=i32(qsl),
+            num_decodes=2,
+            max_query_len=max(q_lens),
+            max_seq_len=max(seq_lens),
+            prefill_query_start_loc=i32([x - qsl[2] for x in qsl[2:]]),
+            max_decode_seq_len=max(seq_lens[:2]),
+        )
+        c = cache.clone().to(device)
+        args = (q.to(device), k.to(device), v.to(device), c[0], c[1], meta, D**-0.5)
+        return paged_attention(*args, k_scale=0.5, v_scale=0.5).float().cpu()
+
+    got, want = run("cuda"), run("cpu")
+    assert _rel(got, want) < 1e-2

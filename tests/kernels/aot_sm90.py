@@ -16,6 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels import dense_prefill_attention as dense
 from kernels import fp8_quant, rms_norm, rotary, silu_mul, store_kv
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
@@ -29,6 +30,8 @@ def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages):
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
+        elif ptr_types.get(name, "").startswith("tensordesc"):  # a host TensorDescriptor
+            signature[name] = ptr_types[name]
         elif name in ptr_types:
             signature[name] = "*" + ptr_types[name]
         elif name in float_args:
@@ -55,6 +58,7 @@ def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages):
         "cp_async": len(re.findall(r"cp\.async", ptx)),
         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
         "mma_sync": len(re.findall(r"mma\.sync", ptx)),
+        "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
         "spill_stores": len(re.findall(r"st\.local", ptx)),
     }
 
@@ -121,6 +125,24 @@ def variants(dt: str = "bf16"):
                  "BLOCK_N": ppa.BLOCK_N_DEFAULT, "KV_FP8": kv_fp8, "UPCAST_DOT": False,
                  "DOT_PRECISION": "tf32"},
                 8 if block_m >= 128 else 4, ppa.NUM_STAGES,
+            )  # fmt: skip
+        if kv_fp8:  # the dense path keeps the cache in q's dtype
+            continue
+        configs = {dense.CONFIG_16BIT}
+        if (group, head_dim) == (4, 128):  # Llama-3.1-8B: every config the benchmark times
+            configs.update(dense.CONFIGS_TO_SWEEP)
+        for block_m, block_n, num_warps, num_stages, tma in sorted(configs):
+            desc = f"tensordesc<{dt}[{block_n},{head_dim}]>"
+            yield (
+                dense._dense_prefill_kernel,
+                {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "out_ptr": dt,
+                 "query_start_loc_ptr": "i32", **kv,
+                 **({"k_desc": desc, "v_desc": desc} if tma else {})},
+                ("qk_scale",),
+                {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_M": block_m,
+                 "BLOCK_N": block_n, "USE_TMA": tma, "UPCAST_DOT": False,
+                 "DOT_PRECISION": "tf32", **({} if tma else {"k_desc": None, "v_desc": None})},
+                num_warps, num_stages,
             )  # fmt: skip
 
 

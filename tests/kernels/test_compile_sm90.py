@@ -44,3 +44,6 @@ def test_kernels_compile_for_sm90():
     # tensor-core dots: mma.sync for the decode group (M = 16), wgmma for 128-row prefill tiles
     names = {r["kernel"] for r in results}
     assert {"_decode_split_kernel", "_prefill_kernel", "_store_kv_kernel"} <= names
+    assert "_dense_prefill_kernel" in names
+    # the dense prefill path's TMA configs load K/V through the copy engine
+    assert any(r["tma_loads"] for r in results if r["kernel"] == "_dense_prefill_kernel")

@@ -1,0 +1,176 @@
+# dense_prefill_attention (Triton: the chunk's own keys from the new-token k/v, a cached prefix
+# through the paged cache) against dense_prefill_attention_ref, and that reference against
+# paged_prefill_attention_ref once store_kv has written the chunk into the cache: the engine may
+# call either kernel for a prefill. Tolerances: kernel_test_utils.TOL. Outputs start as NaN:
+# every real query token must be written and padding tokens must stay untouched.
+import pytest
+import torch
+
+from kernels.dense_prefill_attention import (
+    CONFIGS_TO_SWEEP,
+    PrefillConfig,
+    dense_prefill_attention,
+    dense_prefill_attention_ref,
+)
+from kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+from kernels.store_kv import store_kv_ref
+from tests.kernels.kernel_test_utils import (
+    DEVICE,
+    ON_GPU,
+    assert_close,
+    gen,
+    int_tensor,
+    nan_like,
+    paged_kv,
+    randn,
+)
+
+# Small tiles under the interpreter: several full and diagonal tiles per program, and both load
+# paths (pointers, and the host tensor descriptors of the copy engine).
+SMALL = PrefillConfig(32, 16, 4, 2)
+SMALL_TMA = PrefillConfig(32, 16, 4, 2, True)
+
+
+def _case(q_lens, ctx_lens, *, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
+    """Random q/k/v for packed chunks after ctx_lens cached keys, the chunk's k/v stored into a
+    shuffled paged cache (as store_kv does before attention); two padding tokens at the end."""
+    g = gen(seed)
+    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
+    k_cache, v_cache, block_tables = paged_kv(
+        seq_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+        dtype=dtype, g=g,
+    )  # fmt: skip
+    starts, slots = [0], []
+    for i, (ctx, n) in enumerate(zip(ctx_lens, q_lens)):
+        starts.append(starts[-1] + n)
+        slots += [int(block_tables[i, p // block_size]) * block_size + p % block_size
+                  for p in range(ctx, ctx + n)]  # fmt: skip
+    num_tokens = starts[-1] + 2
+    q = randn(num_tokens, num_heads, head_dim, g=g, dtype=dtype)
+    k = randn(num_tokens, num_kv_heads, head_dim, g=g, dtype=dtype)
+    v = randn(num_tokens, num_kv_heads, head_dim, g=g, dtype=dtype)
+    slot_mapping = torch.tensor([*slots, -1, -1], dtype=torch.int64, device=DEVICE)
+    store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+    meta = (block_tables, int_tensor(seq_lens), int_tensor(starts), max(q_lens))
+    return q, k, v, k_cache, v_cache, meta, starts[-1]
+
+
+def _check(q_lens, ctx_lens, config=None, **shape):
+    q, k, v, k_cache, v_cache, meta, n = _case(q_lens, ctx_lens, **shape)
+    dtype, scale = shape["dtype"], shape["head_dim"] ** -0.5
+    out = nan_like(q)
+    ret = dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, scale, out=out, config=config)
+    assert ret is out
+    ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, scale, out=nan_like(q))
+    assert not out[:n].isnan().any(), "some query rows were never written"
+    assert out[n:].isnan().all(), "padding tokens were written"
+    assert_close(out[:n], ref[:n], dtype)
+    return q, k_cache, v_cache, meta, ref, n
+
+
+# (dtype, num_heads, num_kv_heads, head_dim, block_size, q_lens, ctx_lens)
+CASES = [
+    # whole new prompts, GQA ratio 1: one token, block boundaries, lengths off the tile sizes
+    (torch.float32, 2, 2, 64, 16, [1, 15, 16, 17, 40], [0, 0, 0, 0, 0]),
+    # ratio 4, head_dim 128
+    (torch.float32, 8, 2, 128, 16, [5, 33, 20], [0, 0, 0]),
+    # ratio 8, block size 8; a padded sequence (q_len 0) in the middle
+    (torch.float32, 8, 1, 64, 8, [37, 0, 3], [0, 0, 0]),
+    # cached prefixes (prefix-cache hits, later chunks, a one-token row) beside a new prompt
+    (torch.float32, 8, 2, 64, 16, [5, 16, 33, 1, 9], [0, 32, 31, 40, 7]),
+    # bf16 and fp16
+    (torch.bfloat16, 8, 2, 128, 16, [24, 3], [0, 19]),
+    (torch.bfloat16, 2, 2, 64, 32, [70, 31], [0, 64]),
+    (torch.float16, 4, 1, 64, 16, [4, 21], [0, 17]),
+]
+
+
+@pytest.mark.parametrize("config", [None, SMALL, SMALL_TMA], ids=["default", "small", "tma"])
+@pytest.mark.parametrize(
+    ("dtype", "num_heads", "num_kv_heads", "head_dim", "block_size", "q_lens", "ctx_lens"),
+    CASES,
+    ids=[f"{str(c[0])[6:]}-h{c[1]}kv{c[2]}-d{c[3]}-bs{c[4]}-{i}" for i, c in enumerate(CASES)],
+)
+def test_dense_prefill_matches_reference(
+    config, dtype, num_heads, num_kv_heads, head_dim, block_size, q_lens, ctx_lens
+):
+    _check(
+        q_lens, ctx_lens, config, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, block_size=block_size, dtype=dtype, seed=sum(q_lens) + num_heads,
+    )  # fmt: skip
+
+
+def test_dense_reference_equals_paged_reference():
+    # with the chunk stored into the cache, the two prefill paths compute the same thing
+    shape = dict(num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32)
+    q, k, v, k_cache, v_cache, meta, n = _case([7, 30, 1], [0, 18, 50], **shape, seed=3)
+    dense = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, 0.125)
+    paged = paged_prefill_attention_ref(q, k_cache, v_cache, *meta, 0.125)
+    torch.testing.assert_close(dense[:n], paged[:n], rtol=1e-6, atol=1e-6)
+
+
+def test_dense_prefill_strided_views():
+    # q/k/v as views of a fused qkv output (the engine's), out as a view of a wider buffer,
+    # int64 metadata; the descriptors take the views (tma_ready) or fall back to pointers
+    g = gen(31)
+    num_heads, num_kv_heads, head_dim, q_lens = 4, 2, 64, [6, 11]
+    seq_lens = q_lens
+    k_cache, v_cache, bt = paged_kv(
+        seq_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+        dtype=torch.float32, g=g,
+    )  # fmt: skip
+    qkv = randn(17, num_heads + 2 * num_kv_heads, head_dim, g=g)
+    q, k, v = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+    out_buf = torch.full((17, num_heads + 1, head_dim), float("nan"), device=DEVICE)
+    out = out_buf[:, 1:]
+    lens, qsl = int_tensor(seq_lens, torch.int64), int_tensor([0, 6, 17], torch.int64)
+    ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, bt.long(), lens, qsl, 11, 0.125)
+    for config in (None, SMALL_TMA):
+        out_buf[:, 1:] = float("nan")
+        dense_prefill_attention(
+            q, k, v, k_cache, v_cache, bt.long(), lens, qsl, 11, 0.125, out=out, config=config
+        )
+        assert_close(out, ref, torch.float32)
+        assert out_buf[:, 0].isnan().all(), "wrote outside the out view"
+
+
+@pytest.mark.parametrize("case", ["fp8_cache", "k_heads", "k_tokens", "k_dtype", "v_last_dim"])
+def test_dense_prefill_rejects_bad_inputs(case):
+    shape = dict(num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32)
+    q, k, v, k_cache, v_cache, meta, _ = _case([5, 4], [0, 3], **shape, seed=5)
+    if case == "fp8_cache":
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+    elif case == "k_heads":
+        k = k[:, :1]
+    elif case == "k_tokens":
+        k = k[:-1]
+    elif case == "k_dtype":
+        k = k.double()
+    elif case == "v_last_dim":
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)
+    with pytest.raises(ValueError):
+        dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, 0.125)
+
+
+def test_dense_prefill_no_queries():
+    shape = dict(num_heads=2, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float32)
+    q, k, v, k_cache, v_cache, (bt, _, _, _), _ = _case([3], [0], **shape, seed=6)
+    out = nan_like(q)
+    dense_prefill_attention(
+        q, k, v, k_cache, v_cache, bt, int_tensor([0]), int_tensor([0, 0]), 0, 0.1, out=out
+    )
+    assert out.isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (real bf16 wgmma, the copy engine)")
+@pytest.mark.parametrize("config", [None, *CONFIGS_TO_SWEEP], ids=str)
+def test_dense_prefill_gpu_bf16_llama_shapes(config):
+    # Llama-3.1-8B attention (32 q / 8 kv heads, d 128, block 16): a long new prompt, chunks
+    # over cached prefixes, a one-token row; and the paged kernel agrees with it
+    shape = dict(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16)
+    q, k_cache, v_cache, meta, ref, n = _check(
+        [2048, 300, 1, 513], [0, 1000, 77, 0], config, **shape, seed=7
+    )
+    paged = paged_prefill_attention(q, k_cache, v_cache, *meta, 128**-0.5)
+    assert_close(paged[:n], ref[:n], torch.bfloat16)
