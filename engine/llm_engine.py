@@ -4,6 +4,7 @@
 # before the previous one's tokens are on the host, and its tokens come back one step later.
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -112,6 +113,14 @@ class LLMEngine:
         else:  # the group never finished starting
             followers.kill()
         self.tp.close()
+
+    def set_overlap_scheduling(self, enabled: bool) -> None:
+        """Switch overlapped scheduling on or off between workloads (benchmarks compare both
+        on one engine); the config's own checks apply."""
+        if self.has_unfinished() or self._in_flight:
+            raise RuntimeError("switch overlapped scheduling only while the engine is idle")
+        self.config = dataclasses.replace(self.config, overlap_scheduling=enabled)
+        self.overlap = OverlapSteps(self.scheduler, self.runner) if enabled else None
 
     def enable_step_trace(
         self, capacity: int = 1 << 18, extra_fields: tuple[str, ...] = ()
