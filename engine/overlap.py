@@ -80,12 +80,12 @@ class OverlapSteps:
         if self.unsynced is None:
             return False
         scheduler, bm = self.scheduler, self.block_manager
-        free = bm.num_free_blocks
-        need = 0
+        free, bs = bm.num_free_blocks, bm.block_size
+        need = 0  # blocks for every running request's pending tokens (a decode: 0 or 1)
         for r in scheduler.running:
-            need += bm.num_blocks_for(r.num_tokens) - len(r.block_ids)
-            if need > free:
-                return True
+            need += -(-r.num_tokens // bs) - len(r.block_ids)
+        if need > free:
+            return True
         arrivals = scheduler.waiting[Priority.INTERACTIVE]
         if arrivals and any(r.priority is Priority.BATCH for r in scheduler.running):
             if len(scheduler.running) >= scheduler.max_num_seqs:
