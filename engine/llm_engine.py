@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
 from engine.models.config import resolve_model_config
 from engine.outputs import EngineStats, RequestDelta
 from engine.overlap import OverlapSteps, Unsynced
 from engine.request import Priority, Request
+from engine.request_intake import new_request
 from engine.runner_setup import build_runner, resolve_device, resolve_dtype
 from engine.sampler import HostCopy
 from engine.sampling_params import SamplingParams
@@ -151,50 +151,11 @@ class LLMEngine:
         it had produced; they are recomputed like a preempted request's (prefix-cached where
         possible), count as output (max_tokens, min_tokens, usage) and are not emitted again."""
         self._check_no_step_in_flight()
-        params = params or SamplingParams()
-        prompt = list(prompt_token_ids)
-        output = list(output_token_ids)
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if min(prompt + output) < 0 or max(prompt + output) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt)} tokens; the model's context is {self.max_model_len}"
-            )
-        room = self.max_model_len - len(prompt)
-        max_tokens = room if params.max_tokens is None else params.max_tokens
-        if max_tokens > room:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
-                f"model's context of {self.max_model_len} tokens"
-            )
-        if len(output) >= max_tokens:
-            raise ValueError(f"{len(output)} output tokens to resume from, max_tokens {max_tokens}")
-        request = Request(
-            request_id,
-            prompt,
-            params,
-            Priority.parse(priority),
-            max_tokens,
-            arrival_time,
-            cache_salt,
-        )
-        if params.detokenize:
-            detok = IncrementalDetokenizer(
-                self.tokenizer,
-                prompt,
-                stop=params.stop,
-                skip_special_tokens=params.skip_special_tokens,
-                include_stop_str_in_output=params.include_stop_str_in_output,
-            )
-            # Token by token, as finish_step fed them: the text it holds back (a partial
-            # character, a possible stop string) is then what the first run held back.
-            for token in output:
-                detok.update([token])
-            request.detokenizer = detok
-        request.token_ids.extend(output)
+        request = new_request(
+            request_id, prompt_token_ids, params or SamplingParams(), Priority.parse(priority),
+            arrival_time, cache_salt, output_token_ids, vocab_size=self.model_config.vocab_size,
+            max_model_len=self.max_model_len, tokenizer=self.tokenizer,
+        )  # fmt: skip
         self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> bool:
@@ -251,7 +212,8 @@ class LLMEngine:
             self.scheduler.apply_drafts(out)
         self.last_schedule_s = time.perf_counter() - step.t0  # includes drafting, when on
         step.out = out
-        step.num_before = {r.request_id: r.num_tokens for r in out.requests}
+        if overlap is None:  # (overlapped, a commit knows each new token's index)
+            step.num_before = {r.request_id: r.num_tokens for r in out.requests}
         step.graphed = self.runner.will_replay(out)
         step.host_s = self.last_schedule_s
         self._in_flight = True
