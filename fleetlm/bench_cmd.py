@@ -107,7 +107,9 @@ def _bench(args: argparse.Namespace, engine) -> int:
             print(
                 f"{name}: overlap on/off: output tok/s x{speedup:.3f}, "
                 f"GPU idle between steps {100 * plain['gpu_idle_between_steps']:.2f}% -> "
-                f"{100 * r['gpu_idle_between_steps']:.2f}%"
+                f"{100 * r['gpu_idle_between_steps']:.2f}% (at {r['max_running']} running: "
+                f"{100 * plain['gpu_idle_at_max_running']:.2f}% -> "
+                f"{100 * r['gpu_idle_at_max_running']:.2f}%)"
             )
     if args.json:
         with open(args.json, "w") as f:

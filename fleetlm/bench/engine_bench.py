@@ -115,6 +115,8 @@ def run_workload(
         # GPU intervals run from the end of the host's batch packing to the step's last kernel.
         "gpu_idle_fraction": 1.0 - float(gpu.sum()) / span if gpu.size and span else math.nan,
         "gpu_idle_between_steps": gpu_idle_between_steps(steps),
+        # ... over the steps that ran with the most sequences (nano: all 256 at once)
+        "gpu_idle_at_max_running": gpu_idle_between_steps(_at_max_running(steps)),
         "overlap_scheduling": engine.overlap is not None,
         "overlapped_steps": float(steps["overlapped"].mean()) if len(wall) else 0.0,
         # the host's time to schedule and launch a step; overlapped, it hides under the GPU's
@@ -130,6 +132,12 @@ def run_workload(
         result["step_columns"] = steps
         result["start_time"] = t0
     return result
+
+
+def _at_max_running(steps: dict) -> dict:
+    running = steps["num_running"]
+    keep = running == running.max(initial=0)
+    return {name: col[keep] for name, col in steps.items()}
 
 
 def workload_floor_s(
