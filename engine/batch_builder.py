@@ -3,6 +3,9 @@
 # device in two copies; the tensors handed out are views into those copies. The packed host
 # form (PackedBatch) is also the step that tensor-parallel rank 0 broadcasts to the others:
 # every rank builds the identical device batch from it.
+# Overlapped scheduling: a decode whose input token is still on the device (PENDING_TOKEN) is
+# packed with a placeholder id and a (row in this batch, row in the previous step's sampled
+# ids) pair; the runner fills the real id in on the device before the forward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -11,7 +14,7 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.request import Request
+from engine.request import PENDING_TOKEN, Request
 from engine.scheduler import SchedulerOutput
 
 
@@ -24,11 +27,15 @@ class PreparedBatch:
     sampling_requests: list[Request]  # 1 + len(spec_token_ids) rows each, in row order
     has_drafts: bool = False
     seq_lens_host: list[int] = field(default_factory=list)  # meta.seq_lens, on the host
+    # [num_fed] int64 each: input_ids[fed_rows] come from the previous step's sampled[fed_from]
+    fed_rows: torch.Tensor | None = None
+    fed_from: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
 class PackedBatch:
-    # i64: input_ids, positions, slot_mapping (num_tokens each), then logits_indices
+    # i64: input_ids, positions, slot_mapping (num_tokens each), logits_indices, then the fed
+    # rows and the previous step's rows they read (num_fed each)
     i64: np.ndarray
     # i32: seq_lens [num_seqs], query_start_loc [num_seqs + 1], the prefill tail's re-based
     # query_start_loc [num_seqs - num_decodes + 1], then block_tables [num_seqs, max_blocks]
@@ -40,6 +47,7 @@ class PackedBatch:
     max_query_len: int
     has_drafts: bool
     decode_num_splits: int | None
+    num_fed: int = 0
     # Rank 0 only (host objects the sampler reads); never sent to the other ranks.
     sampling_requests: list[Request] = field(default_factory=list)
 
@@ -56,8 +64,9 @@ class BatchBuilder:
     def prepare(self, out: SchedulerOutput) -> PreparedBatch:
         return self.to_device(self.pack(out))
 
-    def pack(self, out: SchedulerOutput) -> PackedBatch:
-        """The step on the host: what tensor-parallel rank 0 sends every other rank."""
+    def pack(self, out: SchedulerOutput, feed: dict[Request, int] | None = None) -> PackedBatch:
+        """The step on the host: what tensor-parallel rank 0 sends every other rank. `feed`:
+        the row of each request in the previous step's sampled ids, for PENDING_TOKEN inputs."""
         bs = self.block_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -66,6 +75,8 @@ class BatchBuilder:
         query_start = [0]
         logits_indices: list[int] = []
         sampling: list[Request] = []
+        fed_rows: list[int] = []
+        fed_from: list[int] = []
         max_blocks = 1
         for request, n in zip(out.requests, out.num_new_tokens):
             start = request.num_computed_tokens
@@ -75,7 +86,12 @@ class BatchBuilder:
             # prefill chunk (their slots were reserved by the scheduler).
             num_drafts = len(request.spec_token_ids)
             if n == 1:
-                tokens.append(request.token_ids[start])
+                token = request.token_ids[start]
+                if token == PENDING_TOKEN:
+                    fed_rows.append(len(tokens))
+                    fed_from.append(feed[request])
+                    token = 0  # overwritten on the device
+                tokens.append(token)
                 positions.append(start)
                 slots.append(ids[start // bs] * bs + start % bs)
             else:
@@ -108,7 +124,9 @@ class BatchBuilder:
         prefill_qsl = [q - query_start[nd] for q in query_start[nd:]]
         header = np.array(seq_lens + query_start + prefill_qsl, dtype=np.int32)
         return PackedBatch(
-            i64=np.array(tokens + positions + slots + logits_indices, dtype=np.int64),
+            i64=np.array(
+                tokens + positions + slots + logits_indices + fed_rows + fed_from, dtype=np.int64
+            ),
             i32=np.concatenate((header, block_tables.ravel())),
             num_tokens=num_tokens,
             num_seqs=num_seqs,
@@ -118,11 +136,12 @@ class BatchBuilder:
             has_drafts=len(logits_indices) > len(sampling),
             decode_num_splits=self._decode_splits(seq_lens[:nd]),
             sampling_requests=sampling,
+            num_fed=len(fed_rows),
         )
 
     def to_device(self, packed: PackedBatch) -> PreparedBatch:
         """The packed arrays on the device (two copies) and the views the step reads."""
-        t, s, nd = packed.num_tokens, packed.num_seqs, packed.num_decodes
+        t, s, nd, f = packed.num_tokens, packed.num_seqs, packed.num_decodes, packed.num_fed
         seq_lens = packed.i32[:s].tolist()
         i64 = self._to_device(packed.i64)
         i32 = self._to_device(packed.i32)
@@ -139,14 +158,17 @@ class BatchBuilder:
             max_decode_seq_len=max(seq_lens[:nd], default=0),
             decode_num_splits=packed.decode_num_splits,
         )
+        end = i64.shape[0] - 2 * f  # logits_indices end where the fed rows begin
         return PreparedBatch(
             input_ids=i64[:t],
             positions=i64[t : 2 * t],
             meta=meta,
-            logits_indices=i64[3 * t :],
+            logits_indices=i64[3 * t : end],
             sampling_requests=packed.sampling_requests,
             has_drafts=packed.has_drafts,
             seq_lens_host=seq_lens,
+            fed_rows=i64[end : end + f] if f else None,
+            fed_from=i64[end + f :] if f else None,
         )
 
     def _decode_splits(self, decode_lens: list[int]) -> int | None:

@@ -49,6 +49,10 @@ class EngineConfig:
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
     ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
+    # Overlapped scheduling (engine/overlap.py): step N+1 is scheduled and launched before step
+    # N's sampled tokens reach the host; N+1 reads them on the device. Off until measured.
+    # Not with speculative decoding or tensor parallelism.
+    overlap_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -104,5 +108,15 @@ class EngineConfig:
             raise ValueError("spec_min_acceptance must be in [0, 1)")
         if self.step_time_target_s is not None and self.step_time_target_s <= 0:
             raise ValueError("step_time_target_s must be positive")
+        if self.overlap_scheduling and self.speculative_method is not None:
+            raise ValueError(
+                "overlap_scheduling does not combine with speculative decoding (a verify step "
+                "needs the previous step's tokens on the host to propose drafts)"
+            )
+        if self.overlap_scheduling and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "overlap_scheduling is not supported with tensor_parallel_size > 1 (the other "
+                "ranks would need rank 0's sampled tokens on their devices)"
+            )
         if self.prefill_ttft_guard_s < 0 or self.ttft_prompt_tokens < 1:
             raise ValueError("prefill_ttft_guard_s must be >= 0 and ttft_prompt_tokens >= 1")

@@ -1,18 +1,21 @@
 # The streaming engine the worker drives: add_request / step / abort / stats. Each step
 # schedules, runs one forward pass, samples, detokenizes and returns one delta per request that
-# produced tokens or finished.
+# produced tokens or finished. With overlap_scheduling (engine/overlap.py) a step is launched
+# before the previous one's tokens are on the host, and its tokens come back one step later.
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
 from engine.models.config import resolve_model_config
-from engine.outputs import EngineStats, RequestDelta, RequestUsage
+from engine.outputs import EngineStats, RequestDelta
+from engine.overlap import OverlapSteps, Unsynced
 from engine.request import Priority, Request
+from engine.request_intake import new_request
 from engine.runner_setup import build_runner, resolve_device, resolve_dtype
 from engine.sampler import HostCopy
 from engine.sampling_params import SamplingParams
@@ -20,6 +23,7 @@ from engine.scheduler import Scheduler, SchedulerOutput
 from engine.spec_ngram import NgramProposer
 from engine.spec_policy import Speculator
 from engine.step_cost import PrefillPolicy
+from engine.step_outputs import flush_text, new_tokens_delta, request_delta
 from engine.step_trace import StepTrace
 from engine.tokenizer import Tokenizer
 from engine.tp_followers import start_tensor_parallel
@@ -38,6 +42,10 @@ class StepInFlight:
     graphed: bool = False  # launching it replays a CUDA graph
     host_s: float = 0.0  # the engine's own time in schedule_step + launch_step
     finish_s: float = 0.0  # in finish_step
+    # Overlapped scheduling: the step whose sampled ids this one reads on the device (committed
+    # when this one finishes), and this step's requests that sample, in row order.
+    feeds_from: Unsynced | None = None
+    sample_rows: list[Request] = field(default_factory=list)
 
 
 class LLMEngine:
@@ -91,6 +99,9 @@ class LLMEngine:
         self.step_trace: StepTrace | None = None  # enable_step_trace() turns recording on
         self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
         self._in_flight = False  # between begin_step and finish_step
+        self.overlap: OverlapSteps | None = None
+        if config.overlap_scheduling:
+            self.overlap = OverlapSteps(self.scheduler, self.runner)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel followers (nothing to do with one rank); idempotent."""
@@ -102,6 +113,14 @@ class LLMEngine:
         else:  # the group never finished starting
             followers.kill()
         self.tp.close()
+
+    def set_overlap_scheduling(self, enabled: bool) -> None:
+        """Switch overlapped scheduling on or off between workloads (benchmarks compare both
+        on one engine); the config's own checks apply."""
+        if self.has_unfinished() or self._in_flight:
+            raise RuntimeError("switch overlapped scheduling only while the engine is idle")
+        self.config = dataclasses.replace(self.config, overlap_scheduling=enabled)
+        self.overlap = OverlapSteps(self.scheduler, self.runner) if enabled else None
 
     def enable_step_trace(
         self, capacity: int = 1 << 18, extra_fields: tuple[str, ...] = ()
@@ -132,59 +151,23 @@ class LLMEngine:
         it had produced; they are recomputed like a preempted request's (prefix-cached where
         possible), count as output (max_tokens, min_tokens, usage) and are not emitted again."""
         self._check_no_step_in_flight()
-        params = params or SamplingParams()
-        prompt = list(prompt_token_ids)
-        output = list(output_token_ids)
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if min(prompt + output) < 0 or max(prompt + output) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt)} tokens; the model's context is {self.max_model_len}"
-            )
-        room = self.max_model_len - len(prompt)
-        max_tokens = room if params.max_tokens is None else params.max_tokens
-        if max_tokens > room:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
-                f"model's context of {self.max_model_len} tokens"
-            )
-        if len(output) >= max_tokens:
-            raise ValueError(f"{len(output)} output tokens to resume from, max_tokens {max_tokens}")
-        request = Request(
-            request_id,
-            prompt,
-            params,
-            Priority.parse(priority),
-            max_tokens,
-            arrival_time,
-            cache_salt,
-        )
-        if params.detokenize:
-            detok = IncrementalDetokenizer(
-                self.tokenizer,
-                prompt,
-                stop=params.stop,
-                skip_special_tokens=params.skip_special_tokens,
-                include_stop_str_in_output=params.include_stop_str_in_output,
-            )
-            # Token by token, as finish_step fed them: the text it holds back (a partial
-            # character, a possible stop string) is then what the first run held back.
-            for token in output:
-                detok.update([token])
-            request.detokenizer = detok
-        request.token_ids.extend(output)
+        request = new_request(
+            request_id, prompt_token_ids, params or SamplingParams(), Priority.parse(priority),
+            arrival_time, cache_salt, output_token_ids, vocab_size=self.model_config.vocab_size,
+            max_model_len=self.max_model_len, tokenizer=self.tokenizer,
+        )  # fmt: skip
         self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> bool:
         """Frees the request's KV blocks now; its final delta comes with the next step."""
         self._check_no_step_in_flight()
-        request = self.scheduler.abort(request_id)
+        request = self.scheduler.requests.get(request_id)
         if request is None:
             return False
-        self._pending.append(self._delta(request, [], self._flush(request)))
+        if self.overlap is not None:
+            self.overlap.before_abort(request)
+        self.scheduler.finish(request, "abort")
+        self._pending.append(request_delta(request, [], flush_text(request)))
         return True
 
     def _check_no_step_in_flight(self) -> None:
@@ -192,6 +175,7 @@ class LLMEngine:
             raise RuntimeError("the engine is between begin_step() and finish_step()")
 
     def has_unfinished(self) -> bool:
+        # (An overlapped step's live requests are the scheduler's: no separate check needed.)
         return self.scheduler.has_unfinished() or bool(self._pending)
 
     # -- the step ------------------------------------------------------------------------
@@ -211,16 +195,25 @@ class LLMEngine:
         self._check_no_step_in_flight()
         deltas, self._pending = self._pending, []
         step = StepInFlight(deltas=deltas, started_at=time.time(), t0=time.perf_counter())
+        overlap = self.overlap
+        if overlap is not None:
+            if overlap.needs_sync():
+                deltas += overlap.sync()  # waits for the GPU: see overlap.py, sync steps
+            step.feeds_from = overlap.take_unsynced()
         spec = self.speculator
         drafting = spec is not None and spec.plan(self.scheduler.running)
         out = self.scheduler.schedule()
+        if overlap is not None:
+            for request in out.failed:  # failed now: its pending token is not emitted
+                overlap.before_abort(request)
         if drafting and not out.is_empty:
             self.runner.begin_step()
             spec.propose(out)
             self.scheduler.apply_drafts(out)
         self.last_schedule_s = time.perf_counter() - step.t0  # includes drafting, when on
         step.out = out
-        step.num_before = {r.request_id: r.num_tokens for r in out.requests}
+        if overlap is None:  # (overlapped, a commit knows each new token's index)
+            step.num_before = {r.request_id: r.num_tokens for r in out.requests}
         step.graphed = self.runner.will_replay(out)
         step.host_s = self.last_schedule_s
         self._in_flight = True
@@ -229,7 +222,16 @@ class LLMEngine:
     def launch_step(self, step: StepInFlight) -> StepInFlight:
         """The second half of begin_step: queue the step's device work."""
         t0 = time.perf_counter()
-        step.launched = self.runner.launch(step.out) if not step.out.is_empty else None
+        out = step.out
+        if out.is_empty:
+            step.launched = None
+        elif self.overlap is None:
+            step.launched = self.runner.launch(out)
+        else:
+            step.sample_rows = self.overlap.sampling_rows(out)
+            prev = step.feeds_from
+            feed = (prev.feed_rows(), prev.launched.device_values) if prev else (None, None)
+            step.launched = self.runner.launch(out, *feed)
         step.host_s += time.perf_counter() - t0
         return step
 
@@ -240,45 +242,48 @@ class LLMEngine:
 
     def step_done(self, step: StepInFlight) -> bool:
         """True once finish_step(step) would not wait for the device."""
+        if self.overlap is not None:  # it waits for the step it feeds from, not for its own
+            return step.feeds_from is None or step.feeds_from.launched.done()
         return step.launched is None or step.launched.done()
 
     def finish_step(self, step: StepInFlight) -> list[RequestDelta]:
-        """Wait for the step begin_step() launched; returns its deltas."""
+        """Wait for the step begin_step() launched; returns its deltas. With overlapped
+        scheduling: wait for the step before it instead, and return that one's deltas (this
+        step's come with the next finish_step)."""
         t_wait = time.perf_counter()
         out, deltas = step.out, step.deltas
-        sampled = self.runner.collect(step.launched) if step.launched is not None else []
-        self._in_flight = False
-        t_post = time.perf_counter()
-        for request in self.scheduler.update_from_output(out, sampled):
-            start = step.num_before[request.request_id]
-            new_ids = request.token_ids[start:]  # several when drafts were accepted
-            detok = request.detokenizer
-            text = ""
-            if detok is not None:
-                for i, token in enumerate(new_ids):
-                    text += detok.update([token])
-                    if detok.stop_reason is not None:
-                        # Tokens after the one completing a stop string are discarded, as
-                        # token-by-token decoding would never have produced them.
-                        del request.token_ids[start + i + 1 :]
-                        new_ids = new_ids[: i + 1]
-                        break
-                if detok.stop_reason is not None:
-                    if request.is_finished:  # length or EOS on the very token that completed it
-                        request.finish_reason = "stop"
-                    else:
-                        self.scheduler.finish(request, "stop")
-                elif request.is_finished:
-                    text += detok.flush()
-            deltas.append(self._delta(request, new_ids, text))
+        if self.overlap is not None:
+            if step.feeds_from is not None:
+                deltas += self.overlap.commit(step.feeds_from)
+            self._in_flight = False
+            t_post = t_wait + self.runner.timing.wait_s  # commit() collected (or 0: launch)
+            self.overlap.advance(out, step.sample_rows, step.launched)
+        else:
+            sampled = self.runner.collect(step.launched) if step.launched is not None else []
+            self._in_flight = False
+            t_post = time.perf_counter()
+            for request in self.scheduler.update_from_output(out, sampled):
+                start = step.num_before[request.request_id]
+                deltas.append(new_tokens_delta(self.scheduler, request, start))
         for request in out.failed:
-            deltas.append(self._delta(request, [], self._flush(request)))
+            deltas.append(request_delta(request, [], flush_text(request)))
         step.finish_s = time.perf_counter() - t_wait
-        if self.prefill_policy is not None and not out.is_empty:
-            self.prefill_policy.observe(out.features, step.host_s + step.finish_s)
+        self._observe_step_time(step)
         if self.step_trace is not None and not out.is_empty:
             self._trace_step(step, t_wait, t_post)
         return deltas
+
+    def _observe_step_time(self, step: StepInFlight) -> None:
+        policy = self.prefill_policy
+        if policy is None:
+            return
+        if self.overlap is None:
+            if not step.out.is_empty:
+                policy.observe(step.out.features, step.host_s + step.finish_s)
+        elif step.feeds_from is not None:
+            # Overlapped, the engine's time from one finish to the next is the time the GPU
+            # took for the step it waited for (when the GPU is the bottleneck).
+            policy.observe(step.feeds_from.features, step.host_s + step.finish_s)
 
     def _trace_step(self, step: StepInFlight, t_wait: float, t_post: float) -> None:
         now = time.perf_counter()
@@ -291,10 +296,10 @@ class LLMEngine:
             start=step.started_at, wall_s=step.host_s + (now - t_wait),
             schedule_s=self.last_schedule_s, prepare_s=timing.prepare_s,
             forward_s=timing.forward_s, sample_s=timing.sample_s, wait_s=timing.wait_s,
-            post_s=now - t_post, num_tokens=sum(out.num_new_tokens),
+            post_s=now - t_post, host_s=step.host_s, num_tokens=sum(out.num_new_tokens),
             num_decodes=out.num_decodes, num_seqs=len(out.requests),
             num_running=len(self.scheduler.running), num_waiting=self.scheduler.num_waiting,
-            kv_usage=bm.usage,
+            kv_usage=bm.usage, overlapped=float(step.feeds_from is not None),
         )  # fmt: skip
         self.last_step_row = row
         events = self.runner.step_events
@@ -302,32 +307,6 @@ class LLMEngine:
             start, end = events.pop()
             events.clear()
             self.step_trace.attach_gpu_events(row, start, end)
-
-    @staticmethod
-    def _flush(request: Request) -> str:
-        return request.detokenizer.flush() if request.detokenizer is not None else ""
-
-    def _delta(self, request: Request, new_ids: list[int], text: str) -> RequestDelta:
-        return RequestDelta(
-            request_id=request.request_id,
-            new_token_ids=new_ids,
-            new_text=text,
-            finished=request.is_finished,
-            finish_reason=request.finish_reason,
-            error=request.error,
-            usage=RequestUsage(
-                prompt_tokens=request.num_prompt_tokens,
-                cached_tokens=request.num_cached_tokens,
-                completion_tokens=request.num_output_tokens,
-                preemptions=request.num_preemptions,
-                spec_proposed_tokens=request.spec_proposed,
-                spec_accepted_tokens=request.spec_accepted,
-            ),
-            arrival_time=request.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=request.first_token_time,
-            finish_time=request.finish_time,
-        )
 
     def reset_prefix_cache(self) -> int:
         """Forgets every cached prefix block that no request holds; returns how many."""

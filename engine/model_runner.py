@@ -108,18 +108,30 @@ class ModelRunner:
         return result
 
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput) -> HostCopy:
+    def launch(
+        self,
+        out: SchedulerOutput,
+        feed_rows: dict[Request, int] | None = None,
+        feed_ids: torch.Tensor | None = None,
+    ) -> HostCopy:
         """Queue the step's device work (forward, sampling, the copy of the sampled ids) and
         return without waiting for it, so the caller can do host work meanwhile; collect()
-        brings the result. Verify steps (speculation) still finish here."""
+        brings the result. Verify steps (speculation) still finish here. Overlapped scheduling:
+        a request whose last token is PENDING_TOKEN reads it from `feed_ids` (the previous
+        step's sampled ids [rows] on the device) at its row `feed_rows[request]`."""
         t0 = time.perf_counter()
-        packed = self.batch_builder.pack(out)
+        packed = self.batch_builder.pack(out, feed_rows)
         if self.tp.size > 1:
             self.tp.broadcast(packed.for_followers())  # the other ranks start the same step
         batch = self.batch_builder.to_device(packed)
         sampling = self._sampling_batch(batch.sampling_requests, batch.has_drafts)
         if self._step_start is None:
             self.begin_step()  # after the host's packing: the interval is the device's work
+        if batch.fed_rows is not None:
+            # Stream order makes this read the previous step's sampled ids once they exist;
+            # graph replays copy input_ids into their static buffer after this.
+            fed = feed_ids.index_select(0, batch.fed_from)
+            batch.input_ids.index_copy_(0, batch.fed_rows, fed)
         t1 = time.perf_counter()
         meta = batch.meta
         logits = self._logits(batch)

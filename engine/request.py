@@ -27,6 +27,11 @@ class Priority(enum.IntEnum):
         return cls(value)
 
 
+# Overlapped scheduling (engine/overlap.py): the last token of a request whose step is on the
+# device and not yet back on the host. The next step's batch reads the real id on the device.
+PENDING_TOKEN = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"

@@ -74,16 +74,19 @@ class HostCopy:
     host: torch.Tensor | None = None
     event: torch.cuda.Event | None = None
     values: list | None = None  # already on the host (CPU tensors, synchronous paths)
+    # The tensor being copied, still on its device: overlapped scheduling feeds the next step's
+    # input ids from it before the copy is waited for (engine/overlap.py).
+    device_values: torch.Tensor | None = None
 
     @classmethod
     def start(cls, t: torch.Tensor) -> HostCopy:
         if t.device.type != "cuda":
-            return cls(values=t.tolist())
+            return cls(values=t.tolist(), device_values=t)
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return cls(host, event)
+        return cls(host, event, device_values=t)
 
     def done(self) -> bool:
         """True once wait() would not block."""

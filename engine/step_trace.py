@@ -6,7 +6,9 @@
 # GPU time: the runner records a start and an end event around each step's device work. The end
 # event of a plain step completes before the step's device-to-host copy returns, but a verify
 # step records it after, so events are resolved lazily (event.query()) on later records or on
-# read, never with a synchronisation on the step path.
+# read, never with a synchronisation on the step path. The GPU's idle time before a step is the
+# interval from the previous step's end event to this one's start: near zero when the host
+# queued the step before the GPU finished the previous one (overlapped scheduling).
 from __future__ import annotations
 
 import math
@@ -24,7 +26,10 @@ ENGINE_FIELDS = (
     "sample_s",  # launching sampling and the device-to-host copy
     "wait_s",  # waiting for the device in finish_step
     "post_s",  # bookkeeping after the forward pass: new tokens, stops, detokenisation
+    "host_s",  # the host's time to prepare the step: schedule_step + launch_step
     "gpu_s",  # device time from the step's start event to its end event (NaN on the CPU)
+    "gpu_gap_s",  # GPU idle before the step: previous step's end event → this start (NaN: CPU)
+    "overlapped",  # 1: launched before the previous step's tokens were on the host
     "num_tokens",
     "num_decodes",
     "num_seqs",
@@ -42,7 +47,9 @@ class StepTrace:
         self.capacity = capacity
         self._cols = {f: np.full(capacity, math.nan) for f in self.fields}
         self.num_recorded = 0  # rows ever recorded; row i lives at i % capacity
-        self._pending: deque[tuple[int, object, object]] = deque()  # (row, start, end) events
+        # (row, start, end, the previous step's end or None) events
+        self._pending: deque[tuple[int, object, object, object]] = deque()
+        self._last_end: object = None  # the newest step's end event
 
     def record(self, **values: float) -> int:
         """Store one step; fields left out stay NaN. Returns the row's sequence number."""
@@ -70,17 +77,19 @@ class StepTrace:
         return np.array([col[slot] for col in self._cols.values()])
 
     def attach_gpu_events(self, row: int, start: object, end: object) -> None:
-        self._pending.append((row, start, end))
+        self._pending.append((row, start, end, self._last_end))
+        self._last_end = end
 
     def _resolve(self, wait: bool = False) -> None:
         while self._pending:
-            row, start, end = self._pending[0]
+            row, start, end, before = self._pending[0]
             if not wait and not end.query():
                 return
             if wait:
                 end.synchronize()
             self._pending.popleft()
-            self.update(row, gpu_s=start.elapsed_time(end) / 1e3)
+            gap = before.elapsed_time(start) / 1e3 if before is not None else math.nan
+            self.update(row, gpu_s=start.elapsed_time(end) / 1e3, gpu_gap_s=max(gap, 0.0))
 
     def columns(self, since: float | None = None, until: float | None = None) -> dict:
         """The kept rows in step order, optionally only steps that started in [since, until)."""
@@ -123,4 +132,18 @@ def summarize_steps(cols: dict) -> dict:
     if "gpu_s" in cols and span > 0:
         gpu = cols["gpu_s"][np.isfinite(cols["gpu_s"])]
         out["gpu_busy_fraction"] = float(gpu.sum() / span) if gpu.size else math.nan
+    out["gpu_idle_between_steps"] = gpu_idle_between_steps(cols)
     return out
+
+
+def gpu_idle_between_steps(cols: dict) -> float:
+    """The GPU's idle share of the window from the first step's start to the last one's end,
+    on the GPU's own clock: Σ gaps / (Σ gaps + Σ step times). NaN without GPU events."""
+    gap, gpu = cols.get("gpu_gap_s"), cols.get("gpu_s")
+    if gap is None or gpu is None or len(gap) < 2:
+        return math.nan
+    gaps = gap[1:]  # the first step's gap reaches back before the window
+    gaps, busy = gaps[np.isfinite(gaps)], gpu[np.isfinite(gpu)]
+    if not busy.size:
+        return math.nan
+    return float(gaps.sum() / (gaps.sum() + busy.sum()))

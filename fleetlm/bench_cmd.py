@@ -1,5 +1,6 @@
 # `fleetlm bench engine`: run the engine on a benchmark workload and print / write the figures
 # (output and total tok/s, TTFT and TPOT percentiles, step breakdown, GPU idle, roofline).
+# --overlap both runs each workload with overlapped scheduling off, then on, on one engine.
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--quantization", choices=("fp8",), default=None, help="FP8 weights")
     e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     e.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (one process each)")
+    e.add_argument(
+        "--overlap", choices=("off", "on", "both"), default="off",
+        help="overlapped scheduling (docs/serving.md); both: off then on, compared",
+    )  # fmt: skip
     e.add_argument("--json", default=None, help="write the results here")
     e.set_defaults(func=run)
 
@@ -39,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
             quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-            tensor_parallel_size=args.tensor_parallel_size,
+            tensor_parallel_size=args.tensor_parallel_size, overlap_scheduling=args.overlap == "on",
         )
     )  # fmt: skip
     try:
@@ -55,13 +60,17 @@ def _bench(args: argparse.Namespace, engine) -> int:
     vocab = engine.model_config.vocab_size
     room = engine.max_model_len
     runs: dict[str, dict] = {}
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     if args.workload == "nano":
         reqs = nano(args.num_requests or 256, vocab=vocab)
         _fit(reqs, room)
         run_workload(engine, reqs, detokenize=args.detokenize)  # untimed: compiles kernels
-        engine.block_manager.reset_prefix_cache()
-        runs["all_at_once"] = run_workload(engine, reqs, detokenize=args.detokenize)
-        runs["all_at_once"]["workload"] = describe(reqs)
+        for overlap in modes:
+            engine.set_overlap_scheduling(overlap)
+            engine.block_manager.reset_prefix_cache()
+            name = "all_at_once" + ("+overlap" if overlap and len(modes) > 1 else "")
+            runs[name] = run_workload(engine, reqs, detokenize=args.detokenize)
+            runs[name]["workload"] = describe(reqs)
     else:
         n = args.num_requests or 160
         rates = [float(r) for r in args.rates.split(",") if r] or [None]
@@ -70,26 +79,43 @@ def _bench(args: argparse.Namespace, engine) -> int:
         _fit(warm, room)
         run_workload(engine, warm, detokenize=args.detokenize)
         for rate in rates:
-            engine.block_manager.reset_prefix_cache()
             reqs = generate(SEED_TRAFFIC, vocab=vocab, seed=2, rate=rate, num_requests=n, **fit)
             _fit(reqs, room)
-            result = run_workload(engine, reqs, detokenize=args.detokenize)
-            result["rate_req_s"] = rate
-            result["workload"] = describe(reqs)
-            runs["all_at_once" if rate is None else f"rate_{rate}"] = result
+            for overlap in modes:
+                engine.set_overlap_scheduling(overlap)
+                engine.block_manager.reset_prefix_cache()
+                result = run_workload(engine, reqs, detokenize=args.detokenize)
+                result["rate_req_s"] = rate
+                result["workload"] = describe(reqs)
+                name = "all_at_once" if rate is None else f"rate_{rate}"
+                runs[name + ("+overlap" if overlap and len(modes) > 1 else "")] = result
     for name, r in runs.items():
         print(
             f"{name}: {r['output_tok_s']:.0f} out tok/s, {r['total_tok_s']:.0f} total tok/s, "
             f"TTFT p50/p95 {r['ttft_s']['p50']:.3f}/{r['ttft_s']['p95']:.3f} s, "
             f"TPOT p50/p95 {1e3 * r['tpot_s']['p50']:.1f}/{1e3 * r['tpot_s']['p95']:.1f} ms, "
-            f"GPU idle {100 * r['gpu_idle_fraction']:.1f}%, "
+            f"GPU idle {100 * r['gpu_idle_fraction']:.1f}% "
+            f"({100 * r['gpu_idle_between_steps']:.1f}% between steps), "
+            f"overlapped steps {100 * r['overlapped_steps']:.0f}%, "
             f"longest step {r['step_ms']['max']:.0f} ms, "
             f"prefix hits {r['prefix_hit_rate']:.2f}, preemptions {r['preemptions']}"
         )
+    for name, r in runs.items():
+        plain = runs.get(name.removesuffix("+overlap"))
+        if name.endswith("+overlap") and plain is not None:
+            speedup = r["output_tok_s"] / plain["output_tok_s"]
+            print(
+                f"{name}: overlap on/off: output tok/s x{speedup:.3f}, "
+                f"GPU idle between steps {100 * plain['gpu_idle_between_steps']:.2f}% -> "
+                f"{100 * r['gpu_idle_between_steps']:.2f}% (at {r['max_running']} running: "
+                f"{100 * plain['gpu_idle_at_max_running']:.2f}% -> "
+                f"{100 * r['gpu_idle_at_max_running']:.2f}%)"
+            )
     if args.json:
         with open(args.json, "w") as f:
             config = {k: getattr(args, k) for k in ("dtype", "quantization", "kv_cache_dtype",
-                                                     "tensor_parallel_size")}  # fmt: skip
+                                                     "tensor_parallel_size", "overlap",
+                                                     "detokenize")}  # fmt: skip
             json.dump({"model": args.model, "workload": args.workload, "engine": config,
                        "runs": runs}, f, indent=2)  # fmt: skip
     bad = [n for r in runs.values() for n in r["unexpected_finishes"]]

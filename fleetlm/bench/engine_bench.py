@@ -1,6 +1,9 @@
 # Drive an LLMEngine over a workload and report what the brief cares about: output and total
 # tok/s, TTFT and TPOT percentiles (from scheduled arrival), the step-time breakdown, GPU idle
 # time between steps, KV usage, prefix hits and preemptions; plus the workload's roofline.
+# GPU idle comes two ways: 1 - GPU busy time / the host's span of the run, and the gaps on the
+# GPU's own clock between one step's last kernel and the next one's first (what overlapped
+# scheduling removes).
 from __future__ import annotations
 
 import math
@@ -24,6 +27,7 @@ def run_workload(
     after its arrival) and report on the whole run; with keep_records, the per-request records
     (fleetlm.bench.latency) and the step trace's columns come back too."""
     from engine.sampling_params import SamplingParams
+    from engine.step_trace import gpu_idle_between_steps
 
     trace = engine.enable_step_trace()
     stats0 = engine.stats()
@@ -110,6 +114,13 @@ def run_workload(
         "gpu_busy_s": float(gpu.sum()) if gpu.size else math.nan,
         # GPU intervals run from the end of the host's batch packing to the step's last kernel.
         "gpu_idle_fraction": 1.0 - float(gpu.sum()) / span if gpu.size and span else math.nan,
+        "gpu_idle_between_steps": gpu_idle_between_steps(steps),
+        # ... over the steps that ran with the most sequences (nano: all 256 at once)
+        "gpu_idle_at_max_running": gpu_idle_between_steps(_at_max_running(steps)),
+        "overlap_scheduling": engine.overlap is not None,
+        "overlapped_steps": float(steps["overlapped"].mean()) if len(wall) else 0.0,
+        # the host's time to schedule and launch a step; overlapped, it hides under the GPU's
+        "host_prepare_ms": {k: 1e3 * v for k, v in percentiles(steps["host_s"].tolist()).items()},
         "kv_usage_mean": float(steps["kv_usage"].mean()) if len(wall) else 0.0,
         "kv_usage_max": float(steps["kv_usage"].max(initial=0.0)),
         "max_running": int(steps["num_running"].max(initial=0)),
@@ -121,6 +132,12 @@ def run_workload(
         result["step_columns"] = steps
         result["start_time"] = t0
     return result
+
+
+def _at_max_running(steps: dict) -> dict:
+    running = steps["num_running"]
+    keep = running == running.max(initial=0)
+    return {name: col[keep] for name, col in steps.items()}
 
 
 def workload_floor_s(

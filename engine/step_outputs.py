@@ -1,0 +1,62 @@
+# From a step's new tokens to what the caller sees: each request that got tokens has them
+# detokenized (a stop string may cut them short and finish the request) and becomes one
+# RequestDelta carrying its usage so far. Shared by the plain step and the overlapped one.
+from __future__ import annotations
+
+from engine.outputs import RequestDelta, RequestUsage
+from engine.request import Request
+from engine.scheduler import Scheduler
+
+
+def flush_text(request: Request) -> str:
+    """The text a finished request's detokenizer still held back."""
+    return request.detokenizer.flush() if request.detokenizer is not None else ""
+
+
+def new_tokens_delta(scheduler: Scheduler, request: Request, start: int) -> RequestDelta:
+    """The delta of a request whose tokens from `start` on are new (several when drafts were
+    accepted); the scheduler has already appended them and applied EOS, stop ids and
+    max_tokens."""
+    new_ids = request.token_ids[start:]
+    detok = request.detokenizer
+    text = ""
+    if detok is not None:
+        for i, token in enumerate(new_ids):
+            text += detok.update([token])
+            if detok.stop_reason is not None:
+                # Tokens after the one completing a stop string are discarded, as
+                # token-by-token decoding would never have produced them.
+                del request.token_ids[start + i + 1 :]
+                new_ids = new_ids[: i + 1]
+                break
+        if detok.stop_reason is not None:
+            if request.is_finished:  # length or EOS on the very token that completed it
+                request.finish_reason = "stop"
+            else:
+                scheduler.finish(request, "stop")
+        elif request.is_finished:
+            text += detok.flush()
+    return request_delta(request, new_ids, text)
+
+
+def request_delta(request: Request, new_ids: list[int], text: str) -> RequestDelta:
+    return RequestDelta(
+        request_id=request.request_id,
+        new_token_ids=new_ids,
+        new_text=text,
+        finished=request.is_finished,
+        finish_reason=request.finish_reason,
+        error=request.error,
+        usage=RequestUsage(
+            prompt_tokens=request.num_prompt_tokens,
+            cached_tokens=request.num_cached_tokens,
+            completion_tokens=request.num_output_tokens,
+            preemptions=request.num_preemptions,
+            spec_proposed_tokens=request.spec_proposed,
+            spec_accepted_tokens=request.spec_accepted,
+        ),
+        arrival_time=request.arrival_time,
+        first_scheduled_time=request.first_scheduled_time,
+        first_token_time=request.first_token_time,
+        finish_time=request.finish_time,
+    )
