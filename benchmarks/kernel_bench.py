@@ -362,7 +362,8 @@ class Bench:
         else:
             H, Hkv, D, bs = 32, 8, 128, 16
             full = [(1, 4096), (4, 2048), (16, 512), (1, 8192)]
-            chunked = [(4, 3584, 512), (16, 1024, 128)]  # (seqs, cached prefix, chunk)
+            # (seqs, cached prefix, chunk); the last: a long document's third 8k chunk
+            chunked = [(4, 3584, 512), (16, 1024, 128), (1, 16384, 8192)]
         print(f"-- prefill: q heads {H}, kv heads {Hkv}, head_dim {D}, block {bs}, {self.dtype}")
         group = H // Hkv
         scale = D**-0.5

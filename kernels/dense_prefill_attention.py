@@ -201,12 +201,13 @@ def _dense_prefill_kernel(
     seq = tl.program_id(1)
     tile = tl.num_programs(2) - 1 - tl.program_id(2)  # last (longest) tiles dispatch first
 
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    # int32 whatever the metadata's dtype: token counts fit, and TMA offsets must be 32-bit
+    q_start = tl.load(query_start_loc_ptr + seq).to(tl.int32)
+    q_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int32) - q_start
     row_lo = tile * BLOCK_M
     if row_lo >= q_len * GROUP:  # this sequence has fewer rows (or is padding)
         return
-    ctx_len = tl.load(seq_lens_ptr + seq) - q_len  # keys cached before this chunk
+    ctx_len = tl.load(seq_lens_ptr + seq).to(tl.int32) - q_len  # keys cached before this chunk
 
     offs_m = row_lo + tl.arange(0, BLOCK_M)  # [BLOCK_M] row = q_idx * GROUP + g
     offs_d = tl.arange(0, HEAD_DIM)

@@ -128,15 +128,17 @@ def variants(dt: str = "bf16"):
             )  # fmt: skip
         if kv_fp8:  # the dense path keeps the cache in q's dtype
             continue
-        configs = {dense.CONFIG_16BIT}
-        if (group, head_dim) == (4, 128):  # Llama-3.1-8B: every config the benchmark times
-            configs.update(dense.CONFIGS_TO_SWEEP)
-        for block_m, block_n, num_warps, num_stages, tma in sorted(configs):
+        configs = {(dense.CONFIG_16BIT, "i32")}
+        if (group, head_dim) == (4, 128):  # Llama-3.1-8B: every config the benchmark times,
+            configs.update((c, "i32") for c in dense.CONFIGS_TO_SWEEP)
+            configs.add((dense.CONFIG_16BIT, "i64"))  # and int64 metadata (TMA offsets stay 32-bit)
+        for (block_m, block_n, num_warps, num_stages, tma), meta in sorted(configs):
             desc = f"tensordesc<{dt}[{block_n},{head_dim}]>"
+            meta_names = ("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr")
+            meta_ptrs = dict.fromkeys(meta_names, meta)
             yield (
                 dense._dense_prefill_kernel,
-                {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "out_ptr": dt,
-                 "query_start_loc_ptr": "i32", **kv,
+                {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "out_ptr": dt, **kv, **meta_ptrs,
                  **({"k_desc": desc, "v_desc": desc} if tma else {})},
                 ("qk_scale",),
                 {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_M": block_m,
