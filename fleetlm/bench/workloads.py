@@ -121,8 +121,12 @@ def generate(
     excluded_ids: frozenset[int] = frozenset(),
 ) -> list[BenchRequest]:
     """Requests of `spec`. With `rate`, Poisson arrivals until `duration_s` (or `num_requests`
-    requests); without, `num_requests` all arriving at 0. The i-th request's content depends
-    only on `seed` and i, never on the rate, so sweeps replay the same requests in order.
+    requests); without, `num_requests` all arriving at 0. The i-th request's shape (system
+    prompt, lengths, priority) depends only on `seed` and i; the tokens of its user part also on
+    the rate. Two backends given the same rate get identical requests; the rates of a sweep,
+    run one after another on one server, share only the system prompts — with the same user
+    parts, every rate after the first found the previous rate's prompts in the prefix cache
+    (measured on the H200: cached share 0.86 against 0.58–0.65 for a first rate).
     `max_prompt_tokens` / `max_total_tokens` clip prompts and outputs to a server's context."""
     if rate is None and num_requests is None:
         raise ValueError("all-at-once traffic needs num_requests")
@@ -132,8 +136,9 @@ def generate(
         raise ValueError("Poisson traffic needs duration_s or num_requests")
     content = random.Random(f"{spec.name}:{seed}:content")
     arrivals = random.Random(f"{spec.name}:{seed}:arrivals:{rate}")
-    draw = _token_sampler(random.Random(f"{spec.name}:{seed}:tokens"), vocab, excluded_ids)
-    systems = [draw(spec.system_prompt_tokens) for _ in range(spec.num_system_prompts)]
+    draw_system = _token_sampler(random.Random(f"{spec.name}:{seed}:tokens"), vocab, excluded_ids)
+    systems = [draw_system(spec.system_prompt_tokens) for _ in range(spec.num_system_prompts)]
+    draw = _token_sampler(random.Random(f"{spec.name}:{seed}:user:{rate}"), vocab, excluded_ids)
     max_prompt = min(spec.max_prompt_tokens, max_prompt_tokens or spec.max_prompt_tokens)
     out: list[BenchRequest] = []
     t = 0.0

@@ -40,11 +40,21 @@ def test_poisson_arrivals_and_replay():
     assert 850 < len(a) < 1070  # 960 expected
     assert all(0 <= r.arrival_s <= 120.0 for r in a)
     assert abs(statistics.fmean(gaps) - 1 / 8) < 0.015
-    # Same seed, another rate: the same requests in the same order, on another schedule.
+    # The same rate again: identical requests (what --compare-engine replays).
+    again = generate(SEED_TRAFFIC, vocab=32000, seed=3, rate=8.0, duration_s=120.0)
+    assert [r.prompt_ids for r in again] == [r.prompt_ids for r in a]
+    assert [r.arrival_s for r in again] == [r.arrival_s for r in a]
+    # Same seed, another rate: requests of the same shapes in the same order, on another
+    # schedule, sharing the system prompts but no user part (a sweep's later rates must not
+    # find the earlier rates' prompts in the prefix cache).
     b = generate(SEED_TRAFFIC, vocab=32000, seed=3, rate=2.0, duration_s=30.0)
-    assert [r.prompt_ids for r in b] == [r.prompt_ids for r in a[: len(b)]]
+    assert [len(r.prompt_ids) for r in b] == [len(r.prompt_ids) for r in a[: len(b)]]
     assert [r.max_tokens for r in b] == [r.max_tokens for r in a[: len(b)]]
     assert b[1].arrival_s != a[1].arrival_s
+    for x, y in zip(b, a):
+        shared = x.num_shared_tokens
+        assert x.prompt_ids[:shared] == y.prompt_ids[:shared]
+        assert x.prompt_ids[shared:] != y.prompt_ids[shared:]
 
 
 def test_clipping_to_a_small_context_and_excluded_ids():
