@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         "warmup_fraction": args.warmup_fraction,
         "seed": args.seed,
         "server_env": dict(i.partition("=")[::2] for i in args.server_env),
+        # Settings inherited from this environment (a launched server and the bare engine read
+        # them too): which configuration made the figures.
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FLEETLM_")},
     }
     sweeps: dict[str, dict] = {}
     partial: dict[str, list] = {}
