@@ -50,9 +50,11 @@ class EngineConfig:
     prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
     ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
     # Overlapped scheduling (engine/overlap.py): step N+1 is scheduled and launched before step
-    # N's sampled tokens reach the host; N+1 reads them on the device. Off until measured.
-    # Not with speculative decoding or tensor parallelism.
-    overlap_scheduling: bool = False
+    # N's sampled tokens reach the host; N+1 reads them on the device. None (auto): on for a
+    # CUDA engine without speculative decoding or tensor parallelism (measured on the H200: GPU
+    # idle between steps 12.5 % -> 1.0 %, +10 % output tok/s at 256 running), off otherwise (a
+    # CPU step is synchronous: nothing to overlap). True with either of those is refused.
+    overlap_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

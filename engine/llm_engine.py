@@ -100,7 +100,14 @@ class LLMEngine:
         self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
         self._in_flight = False  # between begin_step and finish_step
         self.overlap: OverlapSteps | None = None
-        if config.overlap_scheduling:
+        overlap = config.overlap_scheduling
+        if overlap is None:
+            overlap = (
+                self.runner.device.type == "cuda"
+                and config.speculative_method is None
+                and config.tensor_parallel_size == 1
+            )
+        if overlap:
             self.overlap = OverlapSteps(self.scheduler, self.runner)
 
     def shutdown(self) -> None:

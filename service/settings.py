@@ -98,8 +98,9 @@ class Settings(BaseSettings):
     prefill_ttft_guard_s: float = 0.3
     ttft_prompt_tokens: int = 4000
     # Overlapped scheduling (docs/serving.md#overlapped-scheduling): step N+1 launches before
-    # step N's tokens reach the host. Not with speculative decoding or tensor parallelism.
-    overlap_scheduling: bool = False
+    # step N's tokens reach the host. None: on for a GPU worker without speculative decoding or
+    # tensor parallelism (engine/config.py).
+    overlap_scheduling: bool | None = None
     # Intra-op threads: None → 1 for a GPU worker; for a CPU worker the cores but one, split
     # among the CPU workers of the machine (workers/torch_threads.py).
     torch_threads: int | None = None

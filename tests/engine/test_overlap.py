@@ -181,3 +181,13 @@ def test_interactive_arrival_preempting_batch(model_dir, never_sync):
         assert engine.block_manager.num_free_blocks == 10
         results.append((tokens, reasons))
     assert results[0] == results[1]
+
+
+def test_the_default_overlaps_only_where_there_is_something_to_overlap():
+    # Auto (None): a CPU engine steps synchronously, so it stays plain; a speculating config
+    # is accepted (auto never refuses) and stays plain too.
+    assert EngineConfig(model="tiny").overlap_scheduling is None
+    assert LLMEngine(EngineConfig(model="tiny", device="cpu")).overlap is None
+    EngineConfig(model="tiny", speculative_method="ngram")
+    forced = LLMEngine(EngineConfig(model="tiny", device="cpu", overlap_scheduling=True))
+    assert forced.overlap is not None
