@@ -119,7 +119,7 @@ class Settings(BaseSettings):
     routing_max_published_blocks: int = Field(65536, ge=0)  # hashes a worker keeps in Redis
     # Cost of a block of prefill (the uncached prompt, and the prefill queued ahead) against a
     # KV block in use by running requests; higher favours cache hits over balance.
-    routing_prefill_weight: float = Field(1.0, ge=0)
+    routing_prefill_weight: float = Field(2.0, ge=0)
     # A worker takes from other live workers' queues when its engine has at most this many
     # requests waiting (-1: never; a dead or draining worker's queue is always drained).
     steal_max_waiting: int = Field(0, ge=-1)
