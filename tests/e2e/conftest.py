@@ -112,7 +112,12 @@ class Server:
         sql = "SELECT * FROM usage_records WHERE request_id = ANY(:ids)"
 
         def all_written():
-            rows = self.query(sql, ids=list(request_ids))
+            from sqlalchemy.exc import OperationalError
+
+            try:
+                rows = self.query(sql, ids=list(request_ids))
+            except OperationalError:  # Postgres restarting ("the database system is starting up")
+                return None
             return rows if len({r.request_id for r in rows}) == len(set(request_ids)) else None
 
         return wait_until(all_written, timeout_s, "the usage rows", 0.2)
