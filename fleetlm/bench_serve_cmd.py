@@ -28,6 +28,8 @@ def register(kinds: argparse._SubParsersAction) -> None:
                    "counts (default: $FLEETLM_ADMIN_KEY; --launch: the server's own)")  # fmt: skip
     s.add_argument("--model", default=None, help="served model id / the model to launch")
     s.add_argument("--launch", action="store_true", help="start `fleetlm serve` for the run")
+    s.add_argument("--workers", type=int, default=None,
+                   help="--launch: `fleetlm serve --workers N` (default: one per GPU)")  # fmt: skip
     s.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                    help="FLEETLM_* settings for the served and the bare engine")  # fmt: skip
     s.add_argument("--backend", choices=("http", "engine"), default="http")
@@ -149,7 +151,9 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
     if args.launch:
         print(f"starting fleetlm serve ({args.model or 'the configured model'})...", flush=True)
         started = time.monotonic()
-        server = LaunchedServer(args.model, keep_logs=args.server_logs).start()
+        server = LaunchedServer(
+            args.model, keep_logs=args.server_logs, workers=args.workers
+        ).start()
         result["server_start_s"] = time.monotonic() - started
     try:
         base_url = server.base_url if server else args.base_url.rstrip("/")

@@ -123,6 +123,7 @@ class Settings(BaseSettings):
     # A worker takes from other live workers' queues when its engine has at most this many
     # requests waiting (-1: never; a dead or draining worker's queue is always drained).
     steal_max_waiting: int = Field(0, ge=-1)
+    steal_min_age_s: float = Field(0.25, ge=0)  # ... entries that have waited there this long
 
     # -- operations (docs/operations.md) ---------------------------------------------------
     worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)

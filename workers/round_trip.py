@@ -157,7 +157,8 @@ class RoundTrip:
             steal = self.settings.steal_max_waiting
             may_steal = steal >= 0 and stats.num_waiting <= steal
             exchange.at_take = len(pipe)
-            pipe.eval(*intake.take_call(priorities, room, may_steal))
+            age = self.settings.steal_min_age_s
+            pipe.eval(*intake.take_call(priorities, room, may_steal, age))
         exchange.read_streams, exchange.room = streams, max(room, 0)
         return exchange
 

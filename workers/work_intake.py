@@ -1,10 +1,12 @@
 # Where a worker's work comes from, with routing (service/routing.py): per priority, its own
 # queue, the shared queue and the queues of workers that are dead or draining (nobody else will
 # read those), merged oldest first; then, only when its engine has little waiting
-# (steal_max_waiting), the backlog of other live workers, oldest first. Interactive before
-# batch, and batch only with headroom, as without routing. One Lua call takes at most `room`
-# entries in that order and delivers them to this worker in the consumer group, so fencing,
-# heartbeats and XAUTOCLAIM treat a taken entry like any other (workers/ownership.py).
+# (steal_max_waiting), the entries of other live workers' backlogs that have waited there at
+# least steal_min_age_s (younger ones their worker reads at its next step), oldest first.
+# Interactive before batch, and batch only with headroom, as without routing. One Lua call takes
+# at most `room` entries in that order and delivers them to this worker in the consumer group,
+# so fencing, heartbeats and XAUTOCLAIM treat a taken entry like any other
+# (workers/ownership.py).
 #
 # The set of routed workers (fleetlm:routes) is re-read every heartbeat interval; a worker that
 # is dead and whose queues are empty is then removed with its queues and its published blocks.
@@ -16,11 +18,15 @@ from dataclasses import dataclass
 from service import streams as p
 
 # KEYS, per priority taken: own queue, shared queue, then per other routed worker: its queue,
-# its alive key, its stats hash. ARGV: group, consumer, room, may steal (1/0), then per priority
-# the number of other routed workers. Returns {queue, entry id, {field, value, ...}} per entry.
+# its alive key, its stats hash. ARGV: group, consumer, room, may steal (1/0), the age in ms an
+# entry must have to be stolen, then per priority the number of other routed workers. Returns
+# {queue, entry id, {field, value, ...}} per entry taken.
 TAKE_SCRIPT = """
 local group, consumer = ARGV[1], ARGV[2]
 local room, may_steal = tonumber(ARGV[3]), ARGV[4] == '1'
+local now = redis.call('TIME')  -- entry ids carry Redis's clock, not the worker's
+local steal_before = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+steal_before = steal_before - tonumber(ARGV[5])
 local taken = {}
 
 -- The id of the queue's next entry not yet delivered to the group, or nil.
@@ -46,13 +52,16 @@ local function older(a, b)
   return tonumber(as) < tonumber(bs)
 end
 
-local function take_oldest(queues)
+-- Entries of `queues`, oldest first, while room lasts; with `before` (ms), only older ones.
+local function take_oldest(queues, before)
   local heads = {}
   for i, q in ipairs(queues) do heads[i] = head(q) end
   while #taken < room do
     local pick = nil
     for i = 1, #queues do
-      if heads[i] and (pick == nil or older(heads[i], heads[pick])) then pick = i end
+      local ok = heads[i] and (before == nil
+        or tonumber(string.match(heads[i], '(%d+)-')) <= before)
+      if ok and (pick == nil or older(heads[i], heads[pick])) then pick = i end
     end
     if pick == nil then return end
     local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1,
@@ -66,7 +75,7 @@ local function take_oldest(queues)
 end
 
 local k = 1
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   local num_others = tonumber(ARGV[i])
   local mine, busy = {KEYS[k], KEYS[k + 1]}, {}
   for j = 0, num_others - 1 do
@@ -79,7 +88,7 @@ for i = 5, #ARGV do
     end
   end
   take_oldest(mine)
-  if may_steal then take_oldest(busy) end
+  if may_steal then take_oldest(busy, steal_before) end
   k = k + 2 + 3 * num_others
 end
 return taken
@@ -120,7 +129,9 @@ class Intake:
         routes = [self.worker_id, *self.others]
         return [q for prio in priorities for q in p.queue_keys(prio, routes)]
 
-    def take_call(self, priorities: Sequence[str], room: int, may_steal: bool) -> tuple:
+    def take_call(
+        self, priorities: Sequence[str], room: int, may_steal: bool, steal_min_age_s: float = 0.0
+    ) -> tuple:
         keys: list[str] = []
         counts: list[int] = []
         for prio in priorities:
@@ -128,7 +139,8 @@ class Intake:
             for w in self.others:
                 keys += [p.worker_queue_key(w, prio), p.alive_key(w), p.stats_key(w)]
             counts.append(len(self.others))
-        args = [p.GROUP, self.worker_id, room, int(may_steal), *counts]
+        age_ms = int(steal_min_age_s * 1000)
+        args = [p.GROUP, self.worker_id, room, int(may_steal), age_ms, *counts]
         return (TAKE_SCRIPT, len(keys), *keys, *args)
 
     def how(self, queue: str) -> str:

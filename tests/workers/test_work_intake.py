@@ -43,7 +43,7 @@ def names(rds):
     rds.delete(*(p.queue_key(prio) for prio in p.PRIORITIES))
 
 
-_clock = itertools.count(int(time.time() * 1000))
+_clock = itertools.count(int(time.time() * 1000) - 60_000)  # ids in the past
 
 
 def put(rds, queue: str, label: str) -> None:
@@ -52,8 +52,8 @@ def put(rds, queue: str, label: str) -> None:
     rds.xadd(queue, {"r": label}, id=f"{next(_clock)}-0")
 
 
-def take(rds, intake: Intake, room: int, *, steal: bool, priorities=("interactive",)):
-    reply = rds.eval(*intake.take_call(list(priorities), room, steal))
+def take(rds, intake: Intake, room: int, *, steal: bool, priorities=("interactive",), age=0.0):
+    reply = rds.eval(*intake.take_call(list(priorities), room, steal, age))
     return [fields["r"] for _, _, fields in taken_entries(reply)]
 
 
@@ -75,6 +75,17 @@ def test_own_shared_and_orphaned_queues_oldest_first_then_steals(rds, names):
     assert rds.xpending(q[busy], p.GROUP)["consumers"] == [{"name": me, "pending": 2}]
     assert intake.how(q[me]) == "routed" and intake.how(q[busy]) == "stolen"
     assert intake.how(p.queue_key("interactive")) == "shared"
+
+
+def test_only_entries_older_than_the_steal_age_are_stolen(rds, names):
+    me, busy, dead = names(), names(), names(alive=False)
+    put(rds, p.worker_queue_key(busy, "interactive"), "busy-old")
+    put(rds, p.worker_queue_key(dead, "interactive"), "dead")
+    rds.xadd(p.worker_queue_key(busy, "interactive"), {"r": "busy-new"})  # Redis's clock: now
+    intake = Intake(me, (busy, dead))
+    assert take(rds, intake, 5, steal=True, age=30.0) == ["dead", "busy-old"]
+    assert take(rds, intake, 5, steal=True, age=30.0) == []  # its worker reads it next step
+    assert take(rds, intake, 5, steal=True, age=0.0) == ["busy-new"]
 
 
 def test_interactive_before_batch(rds, names):
