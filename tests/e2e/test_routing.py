@@ -2,9 +2,9 @@
 # own (tiny model, CPU): requests sharing a system prompt land on the worker that holds it; the
 # fleet's prefix-cache hits on a shared-prefix workload are at least 90 % of one worker's; one
 # hot prefix spills over to the second worker; a dead or a draining worker's routed queue is
-# served by the other. Stealing is off here (FLEETLM_STEAL_MAX_WAITING=-1), so what is measured
-# is routing itself and the draining of orphaned queues; stealing is covered in
-# tests/workers/test_work_intake.py.
+# served by the other. Stealing is off but for one test (FLEETLM_STEAL_MAX_WAITING=-1), so what
+# is measured is routing itself and the draining of orphaned queues; that test adds a third
+# worker that steals the backlog of a stuck one.
 from __future__ import annotations
 
 import json
@@ -143,13 +143,20 @@ def test_one_hot_prefix_does_not_starve_the_second_worker(fleet):
     assert len(served) == 2 and min(served.values()) >= 3, served
 
 
-def routed_to_a_stopped_worker(fleet, n: int):
-    """Warms a prefix on one worker, pauses that worker and sends `n` requests for the prefix:
-    routed to it (its heartbeat is still fresh), they wait on its queue. Returns the paused
-    worker's process and id, and the requests' threads' results (filled in as they end)."""
-    system = system_prompt()
-    holder = complete(fleet, system + user_part())["worker"]
-    pid = json.loads(fleet.redis.get(p.alive_key(holder)))["pid"]
+def worker_pid(fleet, worker_id: str) -> int:
+    return json.loads(fleet.redis.get(p.alive_key(worker_id)))["pid"]
+
+
+def routed_to_a_stopped_worker(fleet, n: int, not_on: str | None = None):
+    """Warms a prefix on one worker (not `not_on`), pauses that worker and sends `n` requests
+    for the prefix: routed to it (its heartbeat is still fresh), they wait on its queue. Returns
+    the paused worker's process and id, and the requests' threads' results (filled in as they
+    end)."""
+    holder = not_on
+    while holder == not_on:
+        system = system_prompt()
+        holder = complete(fleet, system + user_part())["worker"]
+    pid = worker_pid(fleet, holder)
     proc = next(w for w in fleet.workers if w.pid == pid)
     os.kill(proc.pid, signal.SIGSTOP)
     results: list = []
@@ -161,7 +168,8 @@ def routed_to_a_stopped_worker(fleet, n: int):
     for t in threads:
         t.start()
     queue = p.worker_queue_key(holder, "interactive")
-    wait_until(lambda: fleet.redis.xlen(queue) == n, 20, f"{n} requests routed to {holder}")
+    routed = lambda: fleet.redis.xlen(queue) + len(results) >= n  # noqa: E731 - served: stolen
+    wait_until(routed, 20, f"{n} requests routed to {holder}")
     return proc, holder, threads, results
 
 
@@ -189,3 +197,24 @@ def test_a_draining_workers_queued_requests_are_served_by_the_other(fleet):
     for r in finish(threads, results, 3):
         assert r["worker"] != draining
     two_workers(fleet)
+
+
+def test_an_idle_worker_steals_the_backlog_of_a_stuck_one(fleet):
+    thief = fleet.start_worker({"FLEETLM_STEAL_MAX_WAITING": "0"})
+    wait_until(lambda: len(live_routes(fleet)) == 3, 120, "a third routed worker", 0.2)
+    thief_id = next(w for w in live_routes(fleet) if worker_pid(fleet, w) == thief.pid)
+    proc, _, threads, results = routed_to_a_stopped_worker(fleet, 3, not_on=thief_id)
+    try:
+        # The stuck worker may hold one entry it was blocked reading; the others wait on its
+        # queue, and only the thief steals (the third worker does not).
+        wait_until(lambda: len(results) >= 2, 30, "stolen requests served", 0.1)
+        assert all(r["worker"] == thief_id for r in results), results
+        stats = {w["id"]: w for w in fleet.workers_stats()}
+        assert stats[thief_id]["taken_stolen"] >= 2
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    finish(threads, results, 3)
+    thief.terminate()
+    assert thief.wait(timeout=60) == 0
+    fleet.workers.remove(thief)
+    wait_until(lambda: len(live_routes(fleet)) == 2, 30, "two routed workers again", 0.2)
