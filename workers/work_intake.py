@@ -149,9 +149,9 @@ class Intake:
         return "stolen" if ":w:" in queue else "shared"
 
 
-def forget_call(worker_id: str) -> tuple:
+def forget_call(worker_id: str, routes_key: str = p.ROUTES_SET) -> tuple:
     queues = [p.worker_queue_key(worker_id, prio) for prio in p.PRIORITIES]
-    keys = [p.ROUTES_SET, p.alive_key(worker_id), *queues, p.blocks_key(worker_id)]
+    keys = [routes_key, p.alive_key(worker_id), *queues, p.blocks_key(worker_id)]
     return (FORGET_SCRIPT, len(keys), *keys, worker_id)
 
 

@@ -3,6 +3,8 @@
 # first, other live workers' backlog only when it may steal, interactive before batch, never
 # more than its room; dead workers with empty queues are forgotten. And what it publishes of its
 # prefix cache (workers/prefix_publisher.py): deltas, the cap, a rewrite when Redis lost the set.
+# The package's worker (conftest.py) reads the real queues and routes: these tests use priorities
+# and a routes set of their own.
 from __future__ import annotations
 
 import itertools
@@ -17,6 +19,9 @@ from service.settings import Settings
 from workers.prefix_publisher import PrefixPublisher
 from workers.work_intake import Intake, forget_call, taken_entries
 
+INTERACTIVE, BATCH = "intake-interactive", "intake-batch"  # priorities no worker reads
+ROUTES = "fleetlm:routes:intake-test"
+
 
 @pytest.fixture
 def names(rds):
@@ -25,22 +30,21 @@ def names(rds):
     def new(*, alive: bool = True, draining: bool = False) -> str:
         w = f"intake-{uuid.uuid4().hex[:8]}"
         made.append(w)
-        for prio in p.PRIORITIES:
+        for prio in (INTERACTIVE, BATCH, *p.PRIORITIES):
             rds.xgroup_create(p.worker_queue_key(w, prio), p.GROUP, id="0", mkstream=True)
         if alive:
             rds.set(p.alive_key(w), "{}", px=60_000)
         rds.hset(p.stats_key(w), "draining", int(draining))
         return w
 
-    for prio in p.PRIORITIES:
+    for prio in (INTERACTIVE, BATCH):
         rds.delete(p.queue_key(prio))
         rds.xgroup_create(p.queue_key(prio), p.GROUP, id="0", mkstream=True)
     yield new
     for w in made:
         rds.delete(p.alive_key(w), p.stats_key(w), p.blocks_key(w))
-        rds.delete(*(p.worker_queue_key(w, prio) for prio in p.PRIORITIES))
-        rds.srem(p.ROUTES_SET, w)
-    rds.delete(*(p.queue_key(prio) for prio in p.PRIORITIES))
+        rds.delete(*(p.worker_queue_key(w, prio) for prio in (INTERACTIVE, BATCH, *p.PRIORITIES)))
+    rds.delete(ROUTES, *(p.queue_key(prio) for prio in (INTERACTIVE, BATCH)))
 
 
 _clock = itertools.count(int(time.time() * 1000) - 60_000)  # ids in the past
@@ -52,17 +56,17 @@ def put(rds, queue: str, label: str) -> None:
     rds.xadd(queue, {"r": label}, id=f"{next(_clock)}-0")
 
 
-def take(rds, intake: Intake, room: int, *, steal: bool, priorities=("interactive",), age=0.0):
+def take(rds, intake: Intake, room: int, *, steal: bool, priorities=(INTERACTIVE,), age=0.0):
     reply = rds.eval(*intake.take_call(list(priorities), room, steal, age))
     return [fields["r"] for _, _, fields in taken_entries(reply)]
 
 
 def test_own_shared_and_orphaned_queues_oldest_first_then_steals(rds, names):
     me, busy, dead, draining = names(), names(), names(alive=False), names(draining=True)
-    q = {w: p.worker_queue_key(w, "interactive") for w in (me, busy, dead, draining)}
+    q = {w: p.worker_queue_key(w, INTERACTIVE) for w in (me, busy, dead, draining)}
     put(rds, q[busy], "busy-1")
     put(rds, q[dead], "dead-1")
-    put(rds, p.queue_key("interactive"), "shared-1")
+    put(rds, p.queue_key(INTERACTIVE), "shared-1")
     put(rds, q[me], "own-1")
     put(rds, q[draining], "draining-1")
     put(rds, q[busy], "busy-2")
@@ -74,14 +78,14 @@ def test_own_shared_and_orphaned_queues_oldest_first_then_steals(rds, names):
     # Taken entries are pending on the taker, like any read.
     assert rds.xpending(q[busy], p.GROUP)["consumers"] == [{"name": me, "pending": 2}]
     assert intake.how(q[me]) == "routed" and intake.how(q[busy]) == "stolen"
-    assert intake.how(p.queue_key("interactive")) == "shared"
+    assert intake.how(p.queue_key(INTERACTIVE)) == "shared"
 
 
 def test_only_entries_older_than_the_steal_age_are_stolen(rds, names):
     me, busy, dead = names(), names(), names(alive=False)
-    put(rds, p.worker_queue_key(busy, "interactive"), "busy-old")
-    put(rds, p.worker_queue_key(dead, "interactive"), "dead")
-    rds.xadd(p.worker_queue_key(busy, "interactive"), {"r": "busy-new"})  # Redis's clock: now
+    put(rds, p.worker_queue_key(busy, INTERACTIVE), "busy-old")
+    put(rds, p.worker_queue_key(dead, INTERACTIVE), "dead")
+    rds.xadd(p.worker_queue_key(busy, INTERACTIVE), {"r": "busy-new"})  # Redis's clock: now
     intake = Intake(me, (busy, dead))
     assert take(rds, intake, 5, steal=True, age=30.0) == ["dead", "busy-old"]
     assert take(rds, intake, 5, steal=True, age=30.0) == []  # its worker reads it next step
@@ -90,22 +94,21 @@ def test_only_entries_older_than_the_steal_age_are_stolen(rds, names):
 
 def test_interactive_before_batch(rds, names):
     me, other = names(), names()
-    put(rds, p.worker_queue_key(me, "batch"), "batch-own")
-    put(rds, p.worker_queue_key(other, "interactive"), "interactive-other")
-    put(rds, p.queue_key("interactive"), "interactive-shared")
+    put(rds, p.worker_queue_key(me, BATCH), "batch-own")
+    put(rds, p.worker_queue_key(other, INTERACTIVE), "interactive-other")
+    put(rds, p.queue_key(INTERACTIVE), "interactive-shared")
     intake = Intake(me, (other,))
-    got = take(rds, intake, 5, steal=True, priorities=("interactive", "batch"))
+    got = take(rds, intake, 5, steal=True, priorities=(INTERACTIVE, BATCH))
     assert got == ["interactive-shared", "interactive-other", "batch-own"]
 
 
 def test_a_dead_worker_with_empty_queues_is_forgotten(rds, names):
     dead, busy = names(alive=False), names(alive=False)
-    rds.sadd(p.ROUTES_SET, dead, busy)
+    rds.sadd(ROUTES, dead, busy)
     put(rds, p.worker_queue_key(busy, "batch"), "left")
-    assert rds.eval(*forget_call(dead)) == 1
-    assert rds.eval(*forget_call(busy)) == 0  # someone must take its entry first
-    members = rds.smembers(p.ROUTES_SET)
-    assert dead not in members and busy in members
+    assert rds.eval(*forget_call(dead, ROUTES)) == 1
+    assert rds.eval(*forget_call(busy, ROUTES)) == 0  # someone must take its entry first
+    assert rds.smembers(ROUTES) == {busy}
     assert not rds.exists(p.worker_queue_key(dead, "interactive"))
 
 
