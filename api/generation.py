@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api.drain import Drain
-from api.metrics import ADMISSIONS, REJECTIONS
+from api.metrics import ADMISSIONS, REJECTIONS, ROUTED
 from api.relay import relay_events
 from api.state import AppState
 from metering import ratelimit as rl
@@ -62,7 +62,7 @@ async def generate(
             await state.shedder.admit(state.redis, queued)
             headers = await reserve(state, principal, queued)
             try:
-                await enqueue(state.redis, state, queued)
+                target = await enqueue(state.redis, state, queued, state.shedder.routes)
             except APIError:
                 await release(state, queued)
                 raise
@@ -76,12 +76,15 @@ async def generate(
         REJECTIONS.labels(tenant, queued.priority, str(exc.status), reason).inc()
         raise
     ADMISSIONS.labels(tenant, queued.priority).inc()
+    ROUTED.labels(queued.priority, "shared" if target.worker_id is None else "worker").inc()
     log.info(
         "request admitted",
         extra={
             "tenant": tenant,
             "priority": queued.priority,
             "prompt_tokens": len(queued.prompt_token_ids),
+            "worker": target.worker_id,
+            "matched_blocks": target.matched_blocks,
         },
     )
     headers["x-request-id"] = queued.request_id

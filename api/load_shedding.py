@@ -25,21 +25,33 @@ from service.errors import APIError
 from service.queued_request import QueuedRequest
 from service.settings import Settings
 
-# KEYS: per priority, the queue then its token counter. Returns each counter; one whose queue
-# has nothing undelivered (every entry pending on a worker) is reset to 0 first, which heals the
-# drift a worker that died between reading entries and reporting them leaves behind.
+# KEYS: per priority, its token counter then its queues (shared and routed). ARGV: the group,
+# then per priority how many queues it has. Returns each counter; one whose queues have nothing
+# undelivered (every entry pending on a worker) is reset to 0 first, which heals the drift a
+# worker that died between reading entries and reporting them leaves behind.
 LOAD_SCRIPT = """
 local out = {}
-for i = 1, #KEYS, 2 do
-  local tokens = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
+local k = 1
+for i = 2, #ARGV do
+  local counter, num_queues = KEYS[k], tonumber(ARGV[i])
+  local tokens = tonumber(redis.call('GET', counter) or '0')
   if tokens ~= 0 then
-    local pending = redis.pcall('XPENDING', KEYS[i], ARGV[1])  -- an error until a worker exists
-    if pending.err == nil and redis.call('XLEN', KEYS[i]) <= pending[1] then
-      redis.call('SET', KEYS[i + 1], 0)
+    local undelivered = 0
+    for q = k + 1, k + num_queues do
+      local pending = redis.pcall('XPENDING', KEYS[q], ARGV[1])  -- an error until a worker exists
+      if pending.err == nil then
+        undelivered = undelivered + redis.call('XLEN', KEYS[q]) - pending[1]
+      else
+        undelivered = undelivered + redis.call('XLEN', KEYS[q])
+      end
+    end
+    if undelivered <= 0 then
+      redis.call('SET', counter, 0)
       tokens = 0
     end
   end
   table.insert(out, math.max(tokens, 0))
+  k = k + 1 + num_queues
 end
 return out
 """
@@ -50,6 +62,7 @@ class Load:
     queued_tokens: dict[str, int]  # priority → tokens queued, not yet read by a worker
     tokens_per_s: float  # the live workers' service rate, summed
     mean_output_tokens: float | None  # expected output of a request (None: nothing measured)
+    routes: tuple[str, ...] = ()  # workers with queues of their own (service/routing.py)
 
     def wait_s(self, priority: str) -> float:
         """Predicted wait before a request of `priority` is read by a worker."""
@@ -77,6 +90,11 @@ class LoadShedder:
                     self._read_at = time.monotonic()
         return self._load
 
+    @property
+    def routes(self) -> tuple[str, ...]:
+        """The routed workers as of the last load read (admit() reads it first)."""
+        return self._load.routes if self._load is not None else ()
+
     async def admit(self, redis: Redis, queued: QueuedRequest) -> None:
         """Sets the request's queued tokens; raises 503 when its predicted wait is too long."""
         load = await self.load(redis)
@@ -101,8 +119,12 @@ class LoadShedder:
 
 
 async def read_load(redis: Redis) -> Load:
-    keys = [k for prio in p.PRIORITIES for k in (p.queue_key(prio), p.queued_tokens_key(prio))]
-    tokens = await redis.eval(LOAD_SCRIPT, len(keys), *keys, p.GROUP)
+    routes = sorted(await redis.smembers(p.ROUTES_SET))
+    keys: list[str] = []
+    for prio in p.PRIORITIES:
+        keys += [p.queued_tokens_key(prio), *p.queue_keys(prio, routes)]
+    sizes = [len(routes) + 1] * len(p.PRIORITIES)
+    tokens = await redis.eval(LOAD_SCRIPT, len(keys), *keys, p.GROUP, *sizes)
     workers = await live_workers(redis)
     rates: list[float] = []
     outputs: list[float] = []
@@ -119,4 +141,5 @@ async def read_load(redis: Redis) -> Load:
         queued_tokens={prio: int(t) for prio, t in zip(p.PRIORITIES, tokens)},
         tokens_per_s=sum(rates),
         mean_output_tokens=sum(outputs) / len(outputs) if outputs else None,
+        routes=tuple(routes),
     )

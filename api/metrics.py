@@ -49,6 +49,12 @@ REJECTIONS = Counter(
     ["tenant", "priority", "status", "reason"],
     registry=REGISTRY,
 )
+ROUTED = Counter(
+    "fleetlm:routed_requests",
+    "Requests admitted, by where routing put them: a worker's own queue or the shared one.",
+    ["priority", "to"],
+    registry=REGISTRY,
+)
 OPEN_REQUESTS = Gauge(
     "fleetlm:api_open_requests", "Generation requests this API process is relaying.", [],
     registry=REGISTRY,
@@ -113,10 +119,12 @@ async def _fleet_families(
     redis: Redis, settings: Settings
 ) -> tuple[list[Metric], list[tuple[str, str]]]:
     workers = await live_workers(redis)
+    routes = sorted(await redis.smembers(p.ROUTES_SET))
+    queues = [(prio, q) for prio in p.PRIORITIES for q in p.queue_keys(prio, routes)]
     pipe = redis.pipeline(transaction=False)
-    for priority in p.PRIORITIES:
-        pipe.xlen(p.queue_key(priority))
-        pipe.xpending(p.queue_key(priority), p.GROUP)
+    for _, queue in queues:
+        pipe.xlen(queue)
+        pipe.xpending(queue, p.GROUP)
     for w in workers:
         pipe.pttl(p.alive_key(w))
         pipe.get(p.metrics_key(w))
@@ -132,12 +140,17 @@ async def _fleet_families(
         "Requests a worker has taken from the queue and not finished, per priority.",
         labels=["priority"],
     )
-    for i, priority in enumerate(p.PRIORITIES):
+    queued = dict.fromkeys(p.PRIORITIES, 0)
+    taken = dict.fromkeys(p.PRIORITIES, 0)
+    for i, (priority, _) in enumerate(queues):
         length, pending = results[2 * i], results[2 * i + 1]
         length = length if isinstance(length, int) else 0
         pending = pending["pending"] if isinstance(pending, dict) else 0
-        depth.add_metric([priority], max(0, length - pending))
-        running.add_metric([priority], pending)
+        queued[priority] += max(0, length - pending)
+        taken[priority] += pending
+    for priority in p.PRIORITIES:
+        depth.add_metric([priority], queued[priority])
+        running.add_metric([priority], taken[priority])
 
     heartbeat = GaugeMetricFamily(
         "fleetlm:worker_heartbeat_age_seconds",
@@ -145,7 +158,7 @@ async def _fleet_families(
         labels=["worker"],
     )
     texts: list[str] = []
-    base = 2 * len(p.PRIORITIES)
+    base = 2 * len(queues)
     for j, w in enumerate(workers):
         pttl, text = results[base + 2 * j], results[base + 2 * j + 1]
         if isinstance(pttl, int) and pttl >= 0:

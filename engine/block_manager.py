@@ -1,18 +1,23 @@
 # Paged KV block manager with prefix caching.
 #
-# Every full block of a request's tokens has a chained hash: hash(parent hash, the block's
-# token ids, extra keys). The first block's extra key is the request's cache salt (a tenant id,
-# say), so a salt isolates whole chains. Blocks whose K/V are computed are published under
+# Every full block of a request's tokens has a chained hash (engine/block_hash.py: parent hash,
+# the block's token ids, and for the first block the request's cache salt, a tenant id say), so a
+# salt isolates whole chains. Blocks whose K/V are computed are published under
 # their hash; a later request walks its own chain and reuses the matching prefix. A hit is
 # verified against the stored token ids and parent hash, so a hash collision costs a miss,
 # never a wrong answer.
 #
 # Freed blocks keep their hash and sit in an LRU free queue; they are evicted (hash dropped)
 # only when the allocator needs them. Invariant: a block is in `free_queue` iff ref_count == 0.
+#
+# Cache events (off unless a caller asks, as a GPU worker does to publish what it holds for
+# routing): hash → True when a block of depth < the asked depth is published, False when a hash
+# leaves the cache; `take_cache_events` hands over each hash's latest state since the last call.
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from engine.block_hash import extend_block_hashes
 from engine.request import Request
 
 
@@ -45,6 +50,8 @@ class BlockManager:
         self.cached_blocks: dict[int, int] = {}  # block hash → block id
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of those, tokens found
+        self.cache_events: dict[int, bool] | None = None
+        self.cache_event_depth = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -60,13 +67,29 @@ class BlockManager:
     # -- hashing -------------------------------------------------------------------------
 
     def update_block_hashes(self, request: Request) -> None:
-        bs = self.block_size
-        tokens = request.token_ids
-        hashes = request.block_hashes
-        for i in range(len(hashes), len(tokens) // bs):
-            parent = hashes[i - 1] if i else None
-            extra = request.cache_salt if i == 0 else None
-            hashes.append(hash((parent, tuple(tokens[i * bs : (i + 1) * bs]), extra)))
+        extend_block_hashes(
+            request.block_hashes, request.token_ids, self.block_size, request.cache_salt
+        )
+
+    # -- cache events --------------------------------------------------------------------
+
+    def track_cache_events(self, max_depth: int) -> None:
+        """Record blocks published at depth < max_depth (the first block is depth 0) and every
+        hash that leaves the cache, from now on."""
+        self.cache_events = {}
+        self.cache_event_depth = max_depth
+
+    def take_cache_events(self) -> dict[int, bool]:
+        """Each hash whose state changed since the last call → whether it is cached now."""
+        events = self.cache_events or {}
+        if self.cache_events is not None:
+            self.cache_events = {}
+        return events
+
+    def _uncache(self, block_hash: int) -> None:
+        del self.cached_blocks[block_hash]
+        if self.cache_events is not None:
+            self.cache_events[block_hash] = False
 
     # -- prefix lookup -------------------------------------------------------------------
 
@@ -127,7 +150,7 @@ class BlockManager:
         if block.block_hash is not None:
             # Lazy eviction: the hash leaves the cache only now that the block is reused.
             if self.cached_blocks.get(block.block_hash) == block_id:
-                del self.cached_blocks[block.block_hash]
+                self._uncache(block.block_hash)
             block.reset()
         block.ref_count = 1
         return block_id
@@ -149,6 +172,8 @@ class BlockManager:
                 block.parent_hash = request.block_hashes[i - 1] if i else None
                 block.token_ids = tuple(request.token_ids[i * bs : (i + 1) * bs])
                 self.cached_blocks[block_hash] = block.block_id
+                if self.cache_events is not None and i < self.cache_event_depth:
+                    self.cache_events[block_hash] = True
         request.num_registered_blocks = num_full
 
     def trim(self, request: Request, num_tokens: int) -> None:
@@ -189,7 +214,7 @@ class BlockManager:
         for block in self.blocks:
             if block.ref_count == 0 and block.block_hash is not None:
                 if self.cached_blocks.get(block.block_hash) == block.block_id:
-                    del self.cached_blocks[block.block_hash]
+                    self._uncache(block.block_hash)
                 block.reset()
                 self.free_queue.move_to_end(block.block_id, last=False)  # unhashed: front
                 num_freed += 1

@@ -330,6 +330,9 @@ class LLMEngine:
             prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
+            num_waiting_tokens=sum(
+                r.num_tokens for queue in self.scheduler.waiting.values() for r in queue
+            ),
             spec_decode_num_draft_tokens=self.scheduler.num_spec_draft_tokens,
             spec_decode_num_accepted_tokens=self.scheduler.num_spec_accepted_tokens,
         )

@@ -67,6 +67,7 @@ class EngineStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    num_waiting_tokens: int = 0  # tokens of the waiting requests (prefill work queued)
     # Engine totals (vllm:spec_decode_num_draft_tokens / vllm:spec_decode_num_accepted_tokens).
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -22,14 +23,22 @@ def register(kinds: argparse._SubParsersAction) -> None:
     s = kinds.add_parser("serve", help="sustained open-loop load, served vs bare engine")
     s.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     s.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY")
+    s.add_argument("--admin-key", default=None,
+                   help="a fleetlm admin key, for per-worker prefix hit rate and routed/stolen "
+                   "counts (default: $FLEETLM_ADMIN_KEY; --launch: the server's own)")  # fmt: skip
     s.add_argument("--model", default=None, help="served model id / the model to launch")
     s.add_argument("--launch", action="store_true", help="start `fleetlm serve` for the run")
+    s.add_argument("--workers", type=int, default=None,
+                   help="--launch: `fleetlm serve --workers N` (default: one per GPU)")  # fmt: skip
     s.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                    help="FLEETLM_* settings for the served and the bare engine")  # fmt: skip
     s.add_argument("--backend", choices=("http", "engine"), default="http")
     s.add_argument("--compare-engine", action="store_true",
                    help="afterwards, the same requests through the bare engine")  # fmt: skip
     s.add_argument("--traffic", default="seed")
+    s.add_argument("--system-prompts", type=int, default=None,
+                   help="distinct shared system prompts (default: the traffic's; more than one "
+                   "GPU's prefix cache holds is where routing matters)")  # fmt: skip
     s.add_argument("--rates", default="3,5,7", help="comma-separated Poisson rates (req/s)")
     s.add_argument("--bisect", type=int, default=0, help="bisection rounds for goodput")
     s.add_argument("--no-stop-on-miss", action="store_true",
@@ -62,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if args.traffic not in TRAFFIC:
         raise SystemExit(f"unknown traffic {args.traffic!r}; known: {', '.join(TRAFFIC)}")
     spec = TRAFFIC[args.traffic]
+    if args.system_prompts:
+        spec = dataclasses.replace(spec, num_system_prompts=args.system_prompts)
     base = Targets.for_workload(args.traffic)
     targets = Targets(
         args.ttft_target or base.ttft_s, base.ttft_max_prompt_tokens,
@@ -134,6 +145,7 @@ def _write_json(path: Path, result: dict) -> None:
 
 
 def _served_sweep(args, spec, rates, targets, result, on_run):
+    from fleetlm.bench.fleet_stats import FleetStats
     from fleetlm.bench.launcher import LaunchedServer
     from fleetlm.bench.loadgen import Target
     from fleetlm.bench.serve_bench import HttpBackend, run_rate, sweep
@@ -142,7 +154,9 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
     if args.launch:
         print(f"starting fleetlm serve ({args.model or 'the configured model'})...", flush=True)
         started = time.monotonic()
-        server = LaunchedServer(args.model, keep_logs=args.server_logs).start()
+        server = LaunchedServer(
+            args.model, keep_logs=args.server_logs, workers=args.workers
+        ).start()
         result["server_start_s"] = time.monotonic() - started
     try:
         base_url = server.base_url if server else args.base_url.rstrip("/")
@@ -166,9 +180,13 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
                 return [read_step_trace(p) for p in server.trace_files()]
 
         clients = args.clients or max(1, min(8, (os.cpu_count() or 2) // 4))
+        admin_key = args.admin_key or os.environ.get("FLEETLM_ADMIN_KEY")
+        if server is not None:
+            admin_key = admin_key or server.admin_key
+        fleet = FleetStats(base_url, admin_key) if admin_key else None
         backend = HttpBackend(
             target, num_processes=clients, drain_timeout_s=args.drain_timeout,
-            trace_reader=reader,
+            trace_reader=reader, fleet=fleet,
         )  # fmt: skip
         print(f"served: {model} at {base_url}, {clients} client processes", flush=True)
         _warm_up(backend, plan, rates[0], args.warmup_s)

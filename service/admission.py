@@ -1,8 +1,10 @@
-# Admission's last step: the enqueue, atomic against the queue limit (the API's XADD, and the
-# batch runner's once-per-request-id variant), and the cancel a client that went away publishes.
+# Admission's last step: the enqueue, atomic against the queue limit (the API's, routed to a
+# worker by service/routing.py, and the batch runner's once-per-request-id variant on the shared
+# batch queue), and the cancel a client that went away publishes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
@@ -10,14 +12,7 @@ from service import streams as p
 from service.context import AdmissionContext
 from service.errors import APIError
 from service.queued_request import QueuedRequest
-
-# KEYS: the queue, its queued-tokens counter. ARGV: queue limit, encoded request, its queued
-# tokens. XADD only while XLEN is under the limit.
-ENQUEUE_SCRIPT = """
-if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
-redis.call('INCRBY', KEYS[2], tonumber(ARGV[3]))
-return redis.call('XADD', KEYS[1], '*', 'r', ARGV[2])
-"""
+from service.routing import Routed, route_call, routed
 
 # KEYS: the queue, its queued-tokens counter, the request's marker. ARGV: queue limit, encoded
 # request, its queued tokens, marker TTL. Returns the entry id (the existing one when already
@@ -50,17 +45,14 @@ def enqueued_key(request_id: str) -> str:
     return f"fleetlm:batch:enqueued:{request_id}"
 
 
-async def enqueue(redis: Redis, state: AdmissionContext, queued: QueuedRequest) -> None:
+async def enqueue(
+    redis: Redis, state: AdmissionContext, queued: QueuedRequest, routes: Sequence[str] = ()
+) -> Routed:
+    """Onto the queue of the worker routing picks among `routes` (the worker ids with queues),
+    or the shared one; 503 when the priority already holds max_queue_len entries."""
     settings = state.settings
-    added = await redis.eval(
-        ENQUEUE_SCRIPT,
-        2,
-        p.queue_key(queued.priority),
-        p.queued_tokens_key(queued.priority),
-        settings.max_queue_len,
-        queued.encode(),
-        queued.queued_tokens,
-    )
+    call = route_call(queued, settings, routes, limit=settings.max_queue_len)
+    added = await redis.eval(*call)
     if added is None:
         raise APIError(
             503,
@@ -70,6 +62,7 @@ async def enqueue(redis: Redis, state: AdmissionContext, queued: QueuedRequest) 
             code="queue_full",
             headers={"Retry-After": str(settings.queue_retry_after_s)},
         )
+    return routed(added, routes, queued.priority)
 
 
 async def enqueue_once(state: AdmissionContext, queued: QueuedRequest) -> str | None:

@@ -115,6 +115,20 @@ class Settings(BaseSettings):
     profile_dir: Path | None = None  # /stop_profile's traces; None → <data_dir>/profiles
     profile_max_steps: int = 100  # a profile records at most this many engine steps
 
+    # -- routing (docs/serving.md#routing) -------------------------------------------------
+    # Send each request to the worker whose prefix cache holds the longest part of its prompt,
+    # weighed against load (False: every request on the shared queues, any worker takes it).
+    routing: bool = True
+    routing_max_blocks: int = Field(256, ge=1)  # leading blocks of a prompt routing compares
+    routing_max_published_blocks: int = Field(65536, ge=0)  # hashes a worker keeps in Redis
+    # Cost of a block of prefill (the uncached prompt, and the prefill queued ahead) against a
+    # KV block in use by running requests; higher favours cache hits over balance.
+    routing_prefill_weight: float = Field(2.0, ge=0)
+    # A worker takes from other live workers' queues when its engine has at most this many
+    # requests waiting (-1: never; a dead or draining worker's queue is always drained).
+    steal_max_waiting: int = Field(0, ge=-1)
+    steal_min_age_s: float = Field(0.25, ge=0)  # ... entries that have waited there this long
+
     # -- operations (docs/operations.md) ---------------------------------------------------
     worker_metrics_port: int = 0  # a worker's own /metrics port (0: off; `serve` adds the index)
     metrics_snapshot_s: float = 1.0  # how often a worker ships its series to Redis for the API

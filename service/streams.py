@@ -5,6 +5,11 @@
 #                                   queue limit counts)
 #   fleetlm:out:{request_id}        stream of output events for one request (service/events.py;
 #                                   expires)
+#   fleetlm:q:{priority}:w:{id}     the same, routed to worker {id} (service/routing.py): the
+#                                   worker reads it first, others take from it when idle or
+#                                   when {id} is dead or draining
+#   fleetlm:routes                  set of worker ids whose queues may hold entries (a worker
+#                                   adds itself; one that is dead with empty queues is removed)
 #   fleetlm:q:{priority}:tokens     the work queued and not yet read by a worker, in tokens
 #                                   (prompt + expected output; admission adds, workers subtract;
 #                                   the API's load shedding reads it)
@@ -15,6 +20,9 @@
 #   fleetlm:workers                 set of worker ids ever registered (pruned when dead)
 #   fleetlm:worker:{id}:alive       heartbeat, a key with a TTL of worker_dead_after_s
 #   fleetlm:worker:{id}:stats       hash of engine stats, rewritten every step
+#   fleetlm:worker:{id}:blocks      set of the prefix-cache block hashes the worker holds (hex;
+#                                   the first routing_max_blocks of each prefix, bounded);
+#                                   expires like the heartbeat
 #   fleetlm:worker:{id}:metrics     the worker's Prometheus exposition text, rewritten about
 #                                   once a second; expires like the heartbeat
 #   fleetlm:worker:{id}:control     list of control commands for that worker (service/control.py;
@@ -29,10 +37,20 @@ from metering.records import METERING_STREAM as METERING_STREAM
 
 GROUP = "workers"
 WORKERS_SET = "fleetlm:workers"
+ROUTES_SET = "fleetlm:routes"
 
 
 def queue_key(priority: Priority) -> str:
     return f"fleetlm:q:{priority}"
+
+
+def worker_queue_key(worker_id: str, priority: Priority) -> str:
+    return f"fleetlm:q:{priority}:w:{worker_id}"
+
+
+def queue_keys(priority: Priority, routes: list[str]) -> list[str]:
+    """Every queue of a priority: the shared one, then each routed worker's."""
+    return [queue_key(priority), *(worker_queue_key(w, priority) for w in routes)]
 
 
 def output_key(request_id: str) -> str:
@@ -64,6 +82,10 @@ def alive_key(worker_id: str) -> str:
 
 def stats_key(worker_id: str) -> str:
     return f"fleetlm:worker:{worker_id}:stats"
+
+
+def blocks_key(worker_id: str) -> str:
+    return f"fleetlm:worker:{worker_id}:blocks"
 
 
 def metrics_key(worker_id: str) -> str:

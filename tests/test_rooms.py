@@ -25,8 +25,14 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 ROOMS = tuple(MAY_IMPORT)
 # The engine modules a service process may load without torch (the API tokenizes with the
-# first; the settings derive the engine's config and context length from the other two).
-TORCH_FREE_ENGINE = {"engine.tokenizer", "engine.config", "engine.models.config"}
+# first; the settings derive the engine's config and context length from the next two; the
+# router hashes prompt blocks as the prefix cache does with the last).
+TORCH_FREE_ENGINE = {
+    "engine.tokenizer",
+    "engine.config",
+    "engine.models.config",
+    "engine.block_hash",
+}
 HEAVY = {"torch", "triton", "kernels"}
 
 

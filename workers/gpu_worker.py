@@ -19,6 +19,7 @@
 # than by finishing (outage, drain, shutdown) in workers/request_ends.py.
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -40,12 +41,14 @@ from workers.load_report import LoadReport
 from workers.metrics import WorkerMetrics
 from workers.outbox import Outbox
 from workers.poll_pacer import SPIN_S, PollPacer
+from workers.prefix_publisher import PrefixPublisher
 from workers.queue_admission import QueueAdmission
 from workers.request_ends import RequestEnds
 from workers.round_trip import Exchange, RoundTrip
 from workers.step_timing import StepTiming
 from workers.torch_threads import apply_torch_threads
 from workers.usage import BusyMeter
+from workers.work_intake import HOW, Intake
 
 log = logging.getLogger("fleetlm.worker")
 
@@ -84,6 +87,12 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
         self._last_reclaim = 0.0
         self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
         self._dead_after_ms = int(settings.worker_dead_after_s * 1000)
+        self.intake = Intake(self.worker_id)  # its queues, and the other routed workers'
+        self._took_nothing = False  # the last take found nothing: an idle worker may block
+        self.taken = dict.fromkeys(HOW, 0)  # requests by how this worker came by them
+        self.prefix = PrefixPublisher(
+            self.engine.block_manager, self.worker_id, settings, self._dead_after_ms
+        )
         self.heartbeat = Heartbeat(
             sync_redis(redis_url, settings),
             self.worker_id,
@@ -129,17 +138,37 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
             self._shutdown()
 
     def _create_groups(self) -> None:
-        for priority in p.PRIORITIES:
-            try:
-                self.redis.xgroup_create(p.queue_key(priority), p.GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-        # Stats before the first heartbeat: a worker seen alive always has them.
+        # Stats before the first heartbeat: a worker seen alive always has them; alive before
+        # it joins the routes, where a worker without a heartbeat counts as gone.
         stats_key = p.stats_key(self.worker_id)
         self.redis.hset(stats_key, mapping=self._stats_mapping(self.engine.stats()))
         self.redis.expire(stats_key, 60)
         self.heartbeat.beat()
+        self._register()
+
+    def _register(self) -> None:
+        """The consumer group on the shared queues and on this worker's own (routed) queues,
+        and the worker in the routes set."""
+        for priority in p.PRIORITIES:
+            for queue in (p.queue_key(priority), self.intake.own(priority)):
+                try:
+                    self.redis.xgroup_create(queue, p.GROUP, id="0", mkstream=True)
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+        self.redis.sadd(p.ROUTES_SET, self.worker_id)
+
+    def _update_routes(self, members: set[str]) -> None:
+        others = tuple(sorted(w for w in members if w != self.worker_id))
+        self.intake = Intake(self.worker_id, others)
+        if self.worker_id not in members and not self.draining.is_set():
+            # Taken for dead while cut off from Redis (its queues were removed): register again.
+            with contextlib.suppress(*UNREACHABLE):
+                self._register()
+
+    def _took(self, how: str) -> None:
+        self.taken[how] += 1
+        self.metrics.taken.labels(self.settings.model_name, how).inc()
 
     def _until_redis_answers(self, call) -> None:
         backoff = Backoff()
@@ -212,9 +241,7 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
         arrives during a long step is admitted right after it, not a step later. Returns
         [(queue, entry_id, fields)] for _apply, and whether the step was seen done."""
         interval = self.settings.worker_poll_s
-        room = exchange.room - sum(
-            len(entries) for _, entries in (results[exchange.at_read] or [])
-        ) if exchange.at_read >= 0 else 0  # fmt: skip
+        room = exchange.room - exchange.num_read(results)
         entries: list = []
         if interval <= 0 or room <= 0:
             return entries, False
@@ -234,6 +261,8 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
                 got = self.redis.xreadgroup(p.GROUP, self.worker_id, streams, count=room)
             except UNREACHABLE:
                 break  # the next round trip finds Redis away
+            except redis.ResponseError:
+                break  # NOGROUP: the next round trip recreates the groups
             self.pacer.polled(time.perf_counter() - now)
             for queue, read in got or []:
                 entries.extend((queue, entry_id, fields) for entry_id, fields in read)

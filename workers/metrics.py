@@ -108,6 +108,15 @@ class WorkerMetrics:
             "fleetlm:gpu_busy_fraction", "Share of wall time spent inside engine steps over the "
             "last snapshot interval.", labels, registry=r,
         ).labels(model_name)  # fmt: skip
+        self.taken = Counter(
+            "fleetlm:requests_taken", "Requests this worker took, by how: routed to it, from "
+            "the shared queue, stolen from another worker's queue, reclaimed from a dead worker.",
+            [*labels, "how"], registry=r,
+        )  # fmt: skip
+        self.published_blocks = Gauge(
+            "fleetlm:published_prefix_blocks", "Prefix-cache block hashes this worker publishes "
+            "for routing.", labels, registry=r,
+        ).labels(model_name)  # fmt: skip
         self.draining = Gauge(
             "fleetlm:worker_draining", "1 while the worker drains.", labels, registry=r
         ).labels(model_name)

@@ -47,13 +47,14 @@ return 1
 """
 )
 
-# KEYS: queue, its queued-tokens counter. ARGV: group, entry, worker, encoded request, its
-# queued tokens. Back to the tail of the queue as a fresh entry, for any worker to take.
+# KEYS: queue, its queued-tokens counter, the queue to hand it to. ARGV: group, entry, worker,
+# encoded request, its queued tokens. To the tail of the target queue (the shared queue of its
+# priority) as a fresh entry, for any worker to take.
 REQUEUE_SCRIPT = (
     _OWNED
     + """
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
-redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
+redis.call('XADD', KEYS[3], '*', 'r', ARGV[4])
 redis.call('INCRBY', KEYS[2], tonumber(ARGV[5]))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
@@ -123,7 +124,7 @@ def finish_call(
 
 def requeue_call(req: QueuedRequest, queue: str, entry_id: str, worker_id: str) -> tuple:
     return (
-        REQUEUE_SCRIPT, 2, queue, p.queued_tokens_key(req.priority),
+        REQUEUE_SCRIPT, 3, queue, p.queued_tokens_key(req.priority), p.queue_key(req.priority),
         p.GROUP, entry_id, worker_id, req.encode(), req.queued_tokens,
     )  # fmt: skip
 
@@ -135,9 +136,9 @@ def heartbeat_call(
     owned: list[tuple[str, str]],
     queues: list[str] | None = None,
 ) -> tuple:
-    """`owned`: (queue, entry id) of every request the worker runs, on `queues` (the priority
-    queues unless told)."""
-    queues = queues or [p.queue_key(priority) for priority in p.PRIORITIES]
+    """`owned`: (queue, entry id) of every request the worker runs, on `queues` (the queues
+    those entries are on unless told)."""
+    queues = queues or list(dict.fromkeys(queue for queue, _ in owned))
     entries = [f"{queues.index(queue) + 3}:{entry}" for queue, entry in owned]
     return (
         HEARTBEAT_SCRIPT, 2 + len(queues), p.alive_key(worker_id), p.WORKERS_SET, *queues,

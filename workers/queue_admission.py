@@ -101,4 +101,5 @@ class QueueAdmission:
                     req.request_id,
                     follower.num_tokens,
                 )
+                self._took("reclaimed")
                 self._admit(queue, entry_id, fields, resume=resume)

@@ -8,6 +8,7 @@ import time
 from service import streams as p
 from service.events import ErrorEvent, error_event
 from service.redis_clients import UNREACHABLE, Backoff
+from workers.work_intake import forget_call
 
 log = logging.getLogger("fleetlm.worker")
 
@@ -92,8 +93,11 @@ class RequestEnds:
                     p.alive_key(self.worker_id),
                     p.stats_key(self.worker_id),
                     p.metrics_key(self.worker_id),
+                    p.blocks_key(self.worker_id),
                 )
                 exchange.pipe.srem(p.WORKERS_SET, self.worker_id)
+                # Off the routes if nothing waits on its queues; else the others drain them.
+                exchange.pipe.eval(*forget_call(self.worker_id))
                 exchange.pipe.execute()
                 self._confirm(exchange)
                 return

@@ -1,7 +1,9 @@
 # The per-step Redis round trip of a GPU worker: one pipelined trip publishes what the outbox
-# holds (deltas, finishes, fails, hand-backs), reads cancel flags, writes the engine's stats,
-# XAUTOCLAIMs the entries of dead workers now and then and reads new work; `_apply` then acts on
-# what came back. A trip Redis did not take leaves everything in the outbox for the next one.
+# holds (deltas, finishes, fails, hand-backs), reads cancel flags, writes the engine's stats and
+# the prefix blocks it cached or evicted (workers/prefix_publisher.py), XAUTOCLAIMs the entries of
+# dead workers and re-reads the routed workers now and then, and takes new work
+# (workers/work_intake.py); `_apply` then acts on what came back. A trip Redis did not take
+# leaves everything in the outbox for the next one.
 from __future__ import annotations
 
 import logging
@@ -14,6 +16,8 @@ import redis
 from service import streams as p
 from service.redis_clients import UNREACHABLE
 from workers.outbox import Written
+from workers.prefix_publisher import BlocksWritten
+from workers.work_intake import Intake, forget_call, taken_entries
 
 log = logging.getLogger("fleetlm.worker")
 
@@ -26,14 +30,25 @@ class Exchange:
     written: Written  # what it carries out of the outbox
     ids: list[str] = field(default_factory=list)  # inflight ids whose cancel keys were read
     streams: list[str] = field(default_factory=list)  # queues XAUTOCLAIMed, in order
+    blocks: BlocksWritten | None = None  # prefix blocks published
     at_cancels: int = -1
     at_reclaim: int = -1
-    at_read: int = -1  # the XREADGROUP's reply, or -1 when nothing was read
+    at_routes: int = -1  # the routed workers (SMEMBERS), read with the XAUTOCLAIMs
+    at_take: int = -1  # the take script's reply (workers/work_intake.py)
+    at_read: int = -1  # an idle worker's blocking XREADGROUP reply
     idle: bool = False  # nothing to step: the read may block
     build_s: float = 0.0
     io_s: float = 0.0
     read_streams: list[str] = field(default_factory=list)  # the queues work may be read from
     room: int = 0  # how many new requests the engine may take this turn
+
+    def num_read(self, results: list) -> int:
+        """New entries the round trip took (the take script, or the blocking read)."""
+        if self.at_take >= 0:
+            return len(results[self.at_take] or [])
+        if self.at_read >= 0:
+            return sum(len(entries) for _, entries in results[self.at_read] or [])
+        return 0
 
 
 class RoundTrip:
@@ -46,7 +61,7 @@ class RoundTrip:
         exchange = self._build(busy=busy)
         t1 = time.perf_counter()
         try:
-            results = exchange.pipe.execute()
+            results = _checked(exchange, exchange.pipe.execute(raise_on_error=False))
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
@@ -54,6 +69,7 @@ class RoundTrip:
             # from an empty one, say): recreate it; what this trip carried is sent again.
             log.warning("the queues' consumer group is gone; recreating it")
             self._until_redis_answers(self._create_groups)
+            self.prefix.rewrite = True
             return None
         except UNREACHABLE as exc:
             if self.outage_since is None:
@@ -69,7 +85,8 @@ class RoundTrip:
             # before taking their entries for dead ones.
             self._reclaim_after = time.monotonic() + self.settings.worker_dead_after_s
         self._confirm(exchange)
-        if exchange.at_read < 0 and exchange.idle:
+        self.prefix.confirm(exchange.blocks, results)
+        if exchange.idle and exchange.at_read < 0 and not exchange.num_read(results):
             time.sleep(0.01)  # nothing to step and nothing read: do not spin
         return exchange, results
 
@@ -88,6 +105,8 @@ class RoundTrip:
         stats = self.engine.stats()
         pipe.hset(p.stats_key(self.worker_id), mapping=self._stats_mapping(stats))
         pipe.expire(p.stats_key(self.worker_id), 60)
+        exchange.blocks = self.prefix.write(pipe)
+        self.metrics.published_blocks.set(self.prefix.num_published)
         snapshot = self.metrics.snapshot_due(stats, self.draining.is_set())
         if snapshot is not None:
             pipe.set(p.metrics_key(self.worker_id), snapshot, px=self._dead_after_ms)
@@ -95,13 +114,15 @@ class RoundTrip:
         room = self.settings.worker_max_waiting - stats.num_waiting
         if self.draining.is_set() or self.outage_since is not None:
             room = 0
-        streams = [p.queue_key("interactive")]
+        priorities = ["interactive"]
         free_frac = stats.num_free_blocks / max(stats.num_total_blocks, 1)
         if (
             free_frac >= self.settings.batch_min_free_kv
             and stats.num_waiting <= self.settings.batch_max_waiting
         ):
-            streams.append(p.queue_key("batch"))
+            priorities.append("batch")
+        intake: Intake = self.intake
+        streams = intake.read_streams(priorities)
         exchange.at_reclaim = len(pipe)
         now = time.monotonic()
         reclaim = (
@@ -113,20 +134,31 @@ class RoundTrip:
         if reclaim:
             # Even when full: a stream whose worker died is waited on by its client.
             self._last_reclaim = now
-            exchange.streams = streams
-            for queue in streams:
+            exchange.streams = intake.all_queues(priorities)
+            for queue in exchange.streams:
                 start = self._claim_cursor.get(queue, "0-0")
                 pipe.xautoclaim(
                     queue, p.GROUP, self.worker_id, self._dead_after_ms, start, count=max(room, 2)
                 )
+            for other in intake.others:  # a dead worker whose queues are empty: forget it
+                pipe.eval(*forget_call(other))
+            exchange.at_routes = len(pipe)
+            pipe.smembers(p.ROUTES_SET)
         exchange.idle = idle = not busy and not self.engine.has_unfinished()
-        if room > 0:
-            # Idle: block on the queues (bounded, so stop requests are seen); busy: just poll.
-            block = int(self.settings.heartbeat_interval_s * 500) if idle else None
+        if room > 0 and idle and self._took_nothing:
+            # Nothing to do and the last take found nothing: block on the worker's own and the
+            # shared queues (bounded, so stop requests are seen); the next trip takes again.
             exchange.at_read = len(pipe)
+            block = int(self.settings.heartbeat_interval_s * 500)
             pipe.xreadgroup(
                 p.GROUP, self.worker_id, dict.fromkeys(streams, ">"), count=room, block=block
             )
+        elif room > 0:
+            steal = self.settings.steal_max_waiting
+            may_steal = steal >= 0 and stats.num_waiting <= steal
+            exchange.at_take = len(pipe)
+            age = self.settings.steal_min_age_s
+            pipe.eval(*intake.take_call(priorities, room, may_steal, age))
         exchange.read_streams, exchange.room = streams, max(room, 0)
         return exchange
 
@@ -168,13 +200,22 @@ class RoundTrip:
         if exchange.streams:
             claims = results[exchange.at_reclaim : exchange.at_reclaim + len(exchange.streams)]
             for queue, claimed in zip(exchange.streams, claims):
+                if isinstance(claimed, redis.ResponseError):
+                    continue  # a dead worker's queue, removed since the routes were read
                 self._claim_cursor[queue] = claimed[0]
                 self._admit_reclaimed(queue, claimed[1])
+        if exchange.at_routes >= 0:
+            self._update_routes(results[exchange.at_routes])
+        taken: list = []
+        if exchange.at_take >= 0:
+            taken = taken_entries(results[exchange.at_take])
+            self._took_nothing = not taken
         if exchange.at_read >= 0:
-            for queue, entries in results[exchange.at_read] or []:
-                for entry_id, fields in entries:
-                    self._admit(queue, entry_id, fields, counted=True)
-        for queue, entry_id, fields in polled:
+            read = results[exchange.at_read] or []
+            taken = [(q, i, f) for q, entries in read for i, f in entries]
+            self._took_nothing = False
+        for queue, entry_id, fields in [*taken, *polled]:
+            self._took(self.intake.how(queue))
             self._admit(queue, entry_id, fields, counted=True)
         self.step_timing.add(
             row, exchange_build_s=exchange.build_s, exchange_io_s=exchange.io_s,
@@ -208,8 +249,21 @@ class RoundTrip:
             "prefix_cache_hits": stats.prefix_cache_hits,
             "num_preemptions": stats.num_preemptions,
             "num_inflight": len(self.inflight),
+            "num_waiting_tokens": stats.num_waiting_tokens,
+            "published_blocks": self.prefix.num_published,
+            **{f"taken_{how}": n for how, n in self.taken.items()},
             "draining": int(self.draining.is_set()),
             "model": self.settings.model_name,
             "updated_at": f"{time.time():.3f}",
             **self.load.fields(),
         }
+
+
+def _checked(exchange: Exchange, results: list) -> list:
+    """Raises the first error of the round trip's replies, but for the XAUTOCLAIMs': a queue
+    scanned may have been removed meanwhile (workers/work_intake.py's FORGET_SCRIPT)."""
+    claims = range(exchange.at_reclaim, exchange.at_reclaim + len(exchange.streams))
+    for i, reply in enumerate(results):
+        if isinstance(reply, Exception) and i not in claims:
+            raise reply
+    return results

@@ -33,6 +33,7 @@ class LaunchedServer:
         ready_timeout_s: float = 600.0,
         log_path: Path | None = None,
         keep_logs: Path | None = None,
+        workers: int | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="fleetlm-bench-")).resolve()
@@ -44,6 +45,7 @@ class LaunchedServer:
         self.ready_timeout_s = ready_timeout_s
         self.log_path = log_path or self.data_dir / "serve.log"
         self.keep_logs = keep_logs  # copy serve.log and the step traces here on cleanup
+        self.workers = workers  # `fleetlm serve --workers` (None: one per GPU, or one CPU worker)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> LaunchedServer:
@@ -59,8 +61,11 @@ class LaunchedServer:
             env["FLEETLM_MODEL"] = self.model
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
+        argv = [sys.executable, "-m", "fleetlm.cli", "serve"]
+        if self.workers is not None:
+            argv += ["--workers", str(self.workers)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetlm.cli", "serve"],
+            argv,
             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip

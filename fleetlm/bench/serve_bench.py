@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.step_trace import summarize_steps
+from fleetlm.bench.fleet_stats import FleetStats, fleet_delta
+from fleetlm.bench.fleet_stats import one_line as fleet_line
 from fleetlm.bench.latency import RequestRecord, Targets, summarize
 from fleetlm.bench.loadgen import Target, run_schedule
 from fleetlm.bench.workloads import TrafficSpec, describe, generate
@@ -52,15 +54,19 @@ class HttpBackend:
         num_processes: int,
         drain_timeout_s: float,
         trace_reader: Callable[[], list[dict]] | None = None,
+        fleet: FleetStats | None = None,
         progress: bool = True,
     ) -> None:
         self.target = target
         self.num_processes = num_processes
         self.drain_timeout_s = drain_timeout_s
         self.trace_reader = trace_reader  # the launched server's worker step traces
+        self.fleet = fleet  # fleetlm's per-worker counters (an admin key)
+        self.last_fleet: dict | None = None  # the last run's per-worker figures
         self.progress = progress
 
     def run(self, requests, label: str) -> RunResult:
+        before = self.fleet.read() if self.fleet is not None else None
         bar = ProgressBar(label, len(requests)) if self.progress else None
         records, t0 = run_schedule(
             self.target, requests, num_processes=self.num_processes,
@@ -74,6 +80,9 @@ class HttpBackend:
             traces = self.trace_reader()
             if traces:
                 steps = traces[0] if len(traces) == 1 else _concat(traces)
+        if self.fleet is not None:
+            time.sleep(1.0)  # an idle worker rewrites its stats at least twice a second
+            self.last_fleet = fleet_delta(before, self.fleet.read())
         return records, t0, steps
 
 
@@ -143,6 +152,9 @@ def run_rate(backend, plan: TrafficPlan, rate: float, targets: Targets) -> dict:
         "wall_s": time.monotonic() - started,
         "meets_targets": report["meets_targets"],
     }
+    workers = getattr(backend, "last_fleet", None)
+    if workers is not None:
+        run["fleet"] = workers
     if steps is not None:
         w0, w1 = report["window_s"]
         keep = (steps["start"] >= t0 + w0) & (steps["start"] < t0 + w1)
@@ -207,12 +219,14 @@ def one_line(run: dict) -> str:
             f", step p50 {step['wall_ms']['p50']:.1f} ms, running p50 "
             f"{step['num_running']['p50']:.0f}"
         )
-    return (
+    line = (
         f"  {run['rate']:g} req/s: {every['output_tok_s']:.0f} out tok/s, interactive TTFT "
         f"p50/p95 {_s(inter['ttft_s']['p50'])}/{_s(inter['ttft_short_prompts_s']['p95'])} s, "
         f"TPOT p50/p95 {_ms(inter['tpot_s']['p50'])}/{_ms(inter['tpot_s']['p95'])} ms, "
         f"{failed} failed{step_txt} → {'meets' if run['meets_targets'] else 'misses'} targets"
     )
+    fleet = fleet_line(run.get("fleet"))
+    return f"{line}\n{fleet}" if fleet else line
 
 
 def _s(x: float) -> str:

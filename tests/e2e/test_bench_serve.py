@@ -74,6 +74,11 @@ def test_bench_serve_launch_sweep_and_compare(tmp_path):
             assert every["output_tok_s"] > 0
             assert set(report) >= {"interactive", "batch", "window_s", "meets_targets"}
             assert run_["steps"]["steps"] > 0  # the worker's (served) or engine's step trace
+    for run_ in result["served"]["runs"]:  # per worker: prefix hit rate, how requests came
+        (worker,) = run_["fleet"]["workers"].values()
+        taken = sum(worker[how] for how in ("routed", "shared", "stolen", "reclaimed"))
+        assert taken == run_["workload"]["num_requests"]
+        assert worker["queries"] > 0 and 0 <= worker["prefix_hit_rate"] <= 1
     served_rates = {r["rate"] for r in result["served"]["runs"]}
     assert {row["rate"] for row in result["comparison"]["per_rate"]} <= served_rates
     assert "goodput_ratio" in result["comparison"]

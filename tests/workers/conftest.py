@@ -58,7 +58,7 @@ def sessions(services):
 
 
 def submit(rds: redis.Redis, queued: QueuedRequest) -> str:
-    """XADD as admission does (service.admission.ENQUEUE_SCRIPT, without the limit)."""
+    """XADD to the shared queue, as admission does without routing (service/routing.py)."""
     return rds.xadd(p.queue_key(queued.priority), {"r": queued.encode()})
 
 

@@ -11,6 +11,7 @@ import threading
 import httpx
 import pytest
 
+from service import streams as p
 from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(150)
@@ -94,6 +95,12 @@ def test_sigterm_worker_mid_load_loses_no_request(fleet):
     assert handed_back and not handed_back[-1]["msg"].startswith("draining: handed back 0")
 
 
+def queued_interactive(fleet) -> int:
+    """Interactive entries on every queue: the shared one and the workers' own (routing)."""
+    routes = fleet.redis.smembers(p.ROUTES_SET)
+    return sum(fleet.redis.xlen(q) for q in p.queue_keys("interactive", sorted(routes)))
+
+
 def test_api_drain_refuses_new_work_and_finishes_open_streams(fleet):
     # A separate `fleetlm api` on the same services, so the fleet fixture's API stays up.
     import subprocess
@@ -129,7 +136,7 @@ def test_api_drain_refuses_new_work_and_finishes_open_streams(fleet):
         t = threading.Thread(target=stream_chat, args=(base, fleet.key, results, 0))
         t.start()
         try:
-            wait_until(lambda: fleet.redis.xlen("fleetlm:q:interactive") > 0, 20, "the stream")
+            wait_until(lambda: queued_interactive(fleet) > 0, 20, "the stream")
         except AssertionError:
             raise AssertionError(f"{results}\n{fleet.log()}") from None
         api.send_signal(signal.SIGTERM)

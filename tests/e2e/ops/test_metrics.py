@@ -96,7 +96,11 @@ def test_api_metrics_carry_every_worker_and_move_under_traffic(fleet):
     assert len(workers) == 2
     for name in VLLM_COUNTERS:
         assert after[name][0] == "counter", name
-        assert {s.labels["worker"] for s in after[name][1]} == workers, name
+        found = {s.labels["worker"] for s in after[name][1]}
+        # A series per finish reason exists once a worker finished a request: routing may have
+        # sent every request of this test to the worker holding the prompt's prefix.
+        some = name == "vllm:request_success" and found and found <= workers
+        assert found == workers or some, name
     for name in VLLM_HISTOGRAMS:
         assert after[name][0] == "histogram", name
         assert any(s.name == name + "_bucket" and s.labels["le"] == "+Inf" for s in after[name][1])
