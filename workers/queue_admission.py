@@ -33,11 +33,8 @@ class QueueAdmission:
     ) -> None:
         """`counted`: read off the queue (not reclaimed), so its queued tokens leave the queue's
         counter; `resume`: the follower of the stream another worker started."""
-        if not fields or "r" not in fields:  # deleted while pending
-            self.outbox.acks.append((queue, entry_id))
-            return
-        req = QueuedRequest.decode(fields["r"])
-        if req.request_id in self.inflight:
+        req = self._decode(queue, entry_id, fields)
+        if req is None or req.request_id in self.inflight:
             return
         if counted and req.queued_tokens:
             self.outbox.add_dequeued(req.priority, req.queued_tokens)
@@ -66,17 +63,26 @@ class QueueAdmission:
             event["usage"] = f.usage(f.sent_tokens)
             self.outbox.failed.append((f, event))
 
+    def _decode(self, queue: str, entry_id: str, fields: dict | None) -> QueuedRequest | None:
+        """The entry's request; None for an entry deleted while pending or one that does not
+        decode (not written by admission: nobody waits on it, nothing to bill), which is
+        acknowledged and dropped rather than stopping the worker."""
+        if fields and "r" in fields:
+            try:
+                return QueuedRequest.decode(fields["r"])
+            except (ValueError, TypeError, KeyError) as exc:  # JSON, fields, field types
+                log.error("dropped malformed queue entry %s on %s: %r", entry_id, queue, exc)
+        self.outbox.acks.append((queue, entry_id))
+        return None
+
     def _admit_reclaimed(self, queue: str, claimed: list) -> None:
         """Entries of a worker taken for dead. One that is still ours (this worker was cut off
         from Redis and its own heartbeat lapsed) stays as it is; any other is taken over:
         re-run from the start, resumed after the tokens its stream already delivered, or ended
         if its client went away meanwhile."""
         for entry_id, fields in claimed:
-            if not fields or "r" not in fields:
-                self.outbox.acks.append((queue, entry_id))
-                continue
-            req = QueuedRequest.decode(fields["r"])
-            if req.request_id in self.inflight:
+            req = self._decode(queue, entry_id, fields)
+            if req is None or req.request_id in self.inflight:
                 continue
             ttl = self.outbox.output_ttl(Inflight(req, queue, entry_id))
             try:

@@ -128,16 +128,25 @@ def open_loop(server, rate: float, start: float) -> tuple[list[Outcome], float]:
 
 
 def generated_tokens(server) -> float:
-    """Output tokens the worker generated so far, useful or not (vllm:generation_tokens)."""
-    r = httpx.get(
-        server.base_url + "/metrics",
-        headers={"Authorization": f"Bearer {server.admin_key}"},
-        timeout=10,
-    )
-    r.raise_for_status()
-    lines = [ln for ln in r.text.splitlines() if ln.startswith("vllm:generation_tokens_total")]
-    assert lines, "the worker's generation counter is missing from /metrics"
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+    """Output tokens the worker generated so far, useful or not (vllm:generation_tokens). A
+    read that fails or finds no counter (a busy API, a snapshot between writes) is retried."""
+
+    def read() -> float | None:
+        try:
+            r = httpx.get(
+                server.base_url + "/metrics",
+                headers={"Authorization": f"Bearer {server.admin_key}"},
+                timeout=10,
+            )
+        except httpx.HTTPError:
+            return None
+        prefix = "vllm:generation_tokens_total"
+        lines = [ln for ln in r.text.splitlines() if ln.startswith(prefix)]
+        if r.status_code != 200 or not lines:
+            return None
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    return wait_until(read, 30, "the worker's generation counter in /metrics", 0.1)
 
 
 class WorkerMonitor:
@@ -150,22 +159,36 @@ class WorkerMonitor:
         self.server, self.start = server, start
         self.generated = 0.0
         self.samples: list[bool] = []
+        self.error: BaseException | None = None  # an exception of the thread, raised by join()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
+        try:
+            self._measure()
+        except BaseException as exc:  # a silent thread would leave generated at 0
+            self.error = exc
+
+    def _measure(self) -> None:
         lo, hi = self.start + WARMUP_S, self.start + WARMUP_S + WINDOW_S
         while time.time() < lo:
             time.sleep(0.02)
         before = generated_tokens(self.server)
         while time.time() < hi:
-            (worker,) = self.server.workers_stats()
-            self.samples.append(worker["num_running"] == MAX_NUM_SEQS)
+            try:
+                stats = self.server.workers_stats()
+            except httpx.HTTPError:  # the API busy answering 3x the requests: no sample
+                stats = []
+            if len(stats) == 1:
+                self.samples.append(stats[0]["num_running"] == MAX_NUM_SEQS)
             time.sleep(min(0.25, max(0.0, hi - time.time())))
         self.generated = generated_tokens(self.server) - before
 
     def join(self) -> None:
-        self.thread.join(timeout=WARMUP_S + WINDOW_S + 30)
+        self.thread.join(timeout=WARMUP_S + WINDOW_S + 90)
+        assert not self.thread.is_alive(), "the worker monitor did not finish"
+        if self.error is not None:
+            raise self.error
 
 
 @dataclass

@@ -140,3 +140,17 @@ def test_a_dead_workers_entries_are_rerun_or_resumed(gpu_worker, rds):
     assert rerun["type"] == "done" and rerun["worker"] == WORKER_ID
     assert usage_record(rds, unstarted.request_id).status == "length"
     wait_until(lambda: rds.xlen(queue) == 0, 10, "the reclaimed entries to leave the queue")
+
+
+@pytest.mark.parametrize(
+    "raw", ["not json", '{"request_id": "x"}', "[1, 2]", '{"sampling": 3}'], ids=str
+)
+def test_a_malformed_queue_entry_is_dropped_and_the_worker_goes_on(gpu_worker, rds, raw):
+    # An entry admission did not write (a hand-made XADD): nobody waits on it, nothing to bill.
+    queue = p.queue_key("interactive")
+    bad = rds.xadd(queue, {"r": raw})
+    queued = queued_request(max_tokens=3)
+    submit(rds, queued)
+    assert events(rds, queued.request_id)[-1]["type"] == "done"
+    wait_until(lambda: not rds.xrange(queue, bad, bad), 30, "the malformed entry to go")
+    assert rds.exists(p.alive_key(WORKER_ID))
