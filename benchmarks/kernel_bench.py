@@ -352,6 +352,19 @@ class Bench:
                 self.run_case(case, body)
 
     # -- paged prefill attention --------------------------------------------------------------
+    def _prefill_inputs(self, n: int, q_len: int, seq_len: int, H: int, Hkv: int, D: int, bs: int):
+        """n sequences of seq_len keys in a shuffled paged cache, each with a q_len-token chunk:
+        q [n * q_len, H, D], k_cache / v_cache, block table, seq_lens, query_start_loc."""
+        blocks_per_seq = triton_cdiv(seq_len, bs)
+        num_blocks = n * blocks_per_seq
+        k_cache = self.randn(num_blocks, bs, Hkv, D)
+        v_cache = self.randn(num_blocks, bs, Hkv, D)
+        perm = torch.randperm(num_blocks, device=self.device, generator=self.gen)
+        table = perm.view(n, blocks_per_seq).to(torch.int32)
+        seq_lens = torch.full((n,), seq_len, dtype=torch.int32, device=self.device)
+        qsl = torch.arange(n + 1, dtype=torch.int32, device=self.device) * q_len
+        return self.randn(n * q_len, H, D), k_cache, v_cache, table, seq_lens, qsl
+
     def bench_prefill(self) -> None:
         import torch.nn.functional as F
 
@@ -386,15 +399,9 @@ class Bench:
             )
 
             def body(case: Case, n=n, prefix=prefix, q_len=q_len, seq_len=seq_len) -> None:
-                blocks_per_seq = triton_cdiv(seq_len, bs)
-                num_blocks = n * blocks_per_seq
-                k_cache = self.randn(num_blocks, bs, Hkv, D)
-                v_cache = self.randn(num_blocks, bs, Hkv, D)
-                perm = torch.randperm(num_blocks, device=self.device, generator=self.gen)
-                table = perm.view(n, blocks_per_seq).to(torch.int32)
-                seq_lens = torch.full((n,), seq_len, dtype=torch.int32, device=self.device)
-                qsl = torch.arange(n + 1, dtype=torch.int32, device=self.device) * q_len
-                q = self.randn(n * q_len, H, D)
+                q, k_cache, v_cache, table, seq_lens, qsl = self._prefill_inputs(
+                    n, q_len, seq_len, H, Hkv, D, bs
+                )
                 out = torch.empty_like(q)
 
                 def run() -> None:
@@ -409,8 +416,7 @@ class Bench:
                 case.check = rel_error(out, ref, self.dtype)
                 del ref
                 # causal FLOPs: query at position p sees p + 1 keys; QK^T and PV, 2 FLOPs per MAC
-                keys_seen = q_len * (prefix + 1) + q_len * (q_len - 1) // 2
-                case.work = 4.0 * n * keys_seen * H * D
+                case.work = causal_prefill_flops(n, prefix, q_len, H, D)
                 case.peak = self.matmul_tflops
                 case.triton_ms = self.time_ms(run)
                 if prefix == 0:
@@ -440,15 +446,9 @@ class Bench:
             dense_case = Case("dense_prefill_attention", dict(case.config), unit="TFLOP/s")
 
             def body_dense(case: Case, n=n, prefix=prefix, q_len=q_len, seq_len=seq_len) -> None:
-                blocks_per_seq = triton_cdiv(seq_len, bs)
-                num_blocks = n * blocks_per_seq
-                k_cache = self.randn(num_blocks, bs, Hkv, D)
-                v_cache = self.randn(num_blocks, bs, Hkv, D)
-                perm = torch.randperm(num_blocks, device=self.device, generator=self.gen)
-                table = perm.view(n, blocks_per_seq).to(torch.int32)
-                seq_lens = torch.full((n,), seq_len, dtype=torch.int32, device=self.device)
-                qsl = torch.arange(n + 1, dtype=torch.int32, device=self.device) * q_len
-                q = self.randn(n * q_len, H, D)
+                q, k_cache, v_cache, table, seq_lens, qsl = self._prefill_inputs(
+                    n, q_len, seq_len, H, Hkv, D, bs
+                )
                 # k, v: [n * q_len, Hkv, D], what store_kv wrote for the chunk
                 k = k_cache[table.long()].flatten(1, 2)[:, prefix:seq_len].flatten(0, 1)
                 v = v_cache[table.long()].flatten(1, 2)[:, prefix:seq_len].flatten(0, 1)
@@ -464,8 +464,7 @@ class Bench:
                 )
                 case.check = rel_error(out, ref, self.dtype)
                 del ref
-                keys_seen = q_len * (prefix + 1) + q_len * (q_len - 1) // 2
-                case.work = 4.0 * n * keys_seen * H * D
+                case.work = causal_prefill_flops(n, prefix, q_len, H, D)
                 case.peak = self.matmul_tflops
                 case.triton_ms = self.time_ms(run)
                 case.note = f"default config {self.dense.default_config(self.dtype, D)}"
@@ -492,7 +491,7 @@ class Bench:
         print(f"-- prefill 1 x {L} causal: q heads {H}, kv heads {Hkv}, head_dim {D}, block {bs}")
         scale = D**-0.5
         group = H // Hkv
-        flops = 4.0 * (L * (L + 1) // 2) * H * D  # QK^T and PV over the causal triangle
+        flops = causal_prefill_flops(1, 0, L, H, D)
         qkv = self.randn(L, H + 2 * Hkv, D)
         q, k, v = qkv.split([H, Hkv, Hkv], dim=1)  # the engine's strided views
         nb = triton_cdiv(L, bs)
@@ -811,6 +810,13 @@ class Bench:
             "prefill_8k": self.prefill_8k,
             "results": [c.as_dict() for c in self.cases],
         }
+
+
+def causal_prefill_flops(n: int, prefix: int, q_len: int, heads: int, head_dim: int) -> float:
+    """QK^T and PV (2 FLOPs per MAC each) of n chunks of q_len queries after `prefix` cached
+    keys: the query at chunk position j sees prefix + j + 1 keys."""
+    keys_seen = q_len * (prefix + 1) + q_len * (q_len - 1) // 2
+    return 4.0 * n * keys_seen * heads * head_dim
 
 
 def triton_cdiv(a: int, b: int) -> int:
