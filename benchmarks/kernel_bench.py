@@ -352,6 +352,15 @@ class Bench:
                 self.run_case(case, body)
 
     # -- paged prefill attention --------------------------------------------------------------
+    def _check_and_time_prefill(self, case: Case, run, out, ref_args: tuple, work: float) -> None:
+        """Run once, check `out` against the paged torch reference, then time `run`."""
+        run()
+        ref = self.pre.paged_prefill_attention_ref(*ref_args)
+        case.check = rel_error(out, ref, self.dtype)
+        del ref
+        case.work, case.peak = work, self.matmul_tflops
+        case.triton_ms = self.time_ms(run)
+
     def _prefill_inputs(self, n: int, q_len: int, seq_len: int, H: int, Hkv: int, D: int, bs: int):
         """n sequences of seq_len keys in a shuffled paged cache, each with a q_len-token chunk:
         q [n * q_len, H, D], k_cache / v_cache, block table, seq_lens, query_start_loc."""
@@ -409,16 +418,9 @@ class Bench:
                         q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale, out=out
                     )
 
-                run()
-                ref = self.pre.paged_prefill_attention_ref(
-                    q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale
-                )
-                case.check = rel_error(out, ref, self.dtype)
-                del ref
-                # causal FLOPs: query at position p sees p + 1 keys; QK^T and PV, 2 FLOPs per MAC
-                case.work = causal_prefill_flops(n, prefix, q_len, H, D)
-                case.peak = self.matmul_tflops
-                case.triton_ms = self.time_ms(run)
+                ref_args = (q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale)
+                work = causal_prefill_flops(n, prefix, q_len, H, D)
+                self._check_and_time_prefill(case, run, out, ref_args, work)
                 if prefix == 0:
                     # dense flash baseline: K/V already gathered and expanded to all heads
                     k = k_cache[table.long()].flatten(1, 2)[:, :seq_len]  # [n, L, Hkv, D]
@@ -458,15 +460,9 @@ class Bench:
                 def run() -> None:
                     self.dense.dense_prefill_attention(*args, out=out)
 
-                run()
-                ref = self.pre.paged_prefill_attention_ref(
-                    q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale
-                )
-                case.check = rel_error(out, ref, self.dtype)
-                del ref
-                case.work = causal_prefill_flops(n, prefix, q_len, H, D)
-                case.peak = self.matmul_tflops
-                case.triton_ms = self.time_ms(run)
+                ref_args = (q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale)
+                work = causal_prefill_flops(n, prefix, q_len, H, D)
+                self._check_and_time_prefill(case, run, out, ref_args, work)
                 case.note = f"default config {self.dense.default_config(self.dtype, D)}"
 
             self.run_case(dense_case, body_dense)
