@@ -200,15 +200,13 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
         # launch; a step launched kernel by kernel (prefill chunks) keeps the host busy for
         # tens of milliseconds, so the previous step's tokens go out before it.
         if step is not None and step.graphed:
-            self.engine.launch_step(step)
+            self._launch(step)
         reply = self._round_trip(busy=step is not None)
         polled: list = []
         row = -1
         if step is not None:
             if not step.graphed:
-                self.engine.launch_step(step)
-            out = step.out
-            self.pacer.launched(decode_only=out.num_decodes == len(out.requests))
+                self._launch(step)
             seen_done = False
             if reply is not None:
                 polled, seen_done = self._poll_while_running(step, *reply)
@@ -219,6 +217,11 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
         if reply is not None:
             self._apply(*reply, row, polled)
         self.step_timing.end_loop(row, loop_started)
+
+    def _launch(self, step) -> None:
+        self.engine.launch_step(step)
+        out = step.out  # the pacer times the step from its launch
+        self.pacer.launched(decode_only=out.num_decodes == len(out.requests))
 
     def _account(self, step, deltas: list, loop_started: float) -> int:
         """A finished step's deltas go to the outbox; its busy time, metrics and service rate
