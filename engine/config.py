@@ -49,6 +49,9 @@ class EngineConfig:
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
     ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
+    # Prompt chunks of short prompts go before those of long ones (scheduler.py, "Within a step's
+    # budget"); off: one order, interactive before batch, each in arrival order.
+    short_prefill_first: bool = True
     # Overlapped scheduling (engine/overlap.py): step N+1 is scheduled and launched before step
     # N's sampled tokens reach the host; N+1 reads them on the device. None (auto): on for a
     # CUDA engine without speculative decoding or tensor parallelism (measured on the H200: GPU

@@ -87,6 +87,8 @@ class LLMEngine:
             max_preemptions=config.max_preemptions,
             eos_token_ids=eos,
             prefill_policy=self.prefill_policy,
+            short_prefill_first=config.short_prefill_first,
+            long_prompt_tokens=config.ttft_prompt_tokens,
         )
         self.speculator: Speculator | None = None
         if config.speculative_method == "ngram":

@@ -9,6 +9,15 @@
 # (their hashes stay in the prefix cache, so re-admission usually re-hits them) and it goes back
 # to the front of its class's queue. Nothing is silently truncated: a request preempted more
 # than `max_preemptions` times, or one that can never fit, finishes with reason "error".
+#
+# Within a step's budget (docs/serving.md#prefill-order):
+# * Decodes first: a prompt chunk never takes the budget the running decodes need.
+# * Short prompts before long ones (`short_prefill_first`): a prompt of `long_prompt_tokens` or
+#   more (a long document; the TTFT target does not cover it) takes only what the short waiting
+#   prompts leave, down to a floor of an eighth of the budget, so it keeps moving. Without
+#   this a 30k-token document holds the whole budget for four steps of ~0.4 s and every chat
+#   prompt that arrives meanwhile waits them out. Then interactive before batch, each in
+#   arrival order.
 from __future__ import annotations
 
 import time
@@ -51,6 +60,8 @@ class Scheduler:
         max_preemptions: int,
         eos_token_ids: tuple[int, ...] = (),
         prefill_policy: PrefillPolicy | None = None,
+        short_prefill_first: bool = True,
+        long_prompt_tokens: int = 4000,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -66,6 +77,8 @@ class Scheduler:
         self.num_spec_accepted_tokens = 0
         # None: every step may fill its whole budget with prefill; else step_cost.py decides.
         self.prefill_policy = prefill_policy
+        self.short_prefill_first = short_prefill_first
+        self.long_prompt_tokens = long_prompt_tokens
         self.last_features: StepFeatures | None = None
 
     # -- queue management ----------------------------------------------------------------
@@ -115,13 +128,23 @@ class Scheduler:
 
         self.running.sort(key=lambda r: (r.priority, r.admitted_seq))
         prefill_left = self._prefill_allowance(budget)
+        # Decodes not reached yet in the loop: a prompt chunk leaves them their budget.
+        decodes_ahead = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+        reserve: int | None = None  # held back from long prompts for short waiting ones
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_pending = request.num_tokens - request.num_computed_tokens
             num_new = min(num_pending, budget)
-            if num_pending > 1:  # a prompt chunk: within the step's prefill allowance
-                num_new = min(num_new, prefill_left)
+            if num_pending == 1:
+                decodes_ahead -= 1
+            else:  # a prompt chunk: within the step's prefill allowance
+                cap = min(prefill_left, budget - decodes_ahead)
+                if self._is_long(request):
+                    if reserve is None:
+                        reserve = self._short_prefill_reserve(cap)
+                    cap -= reserve
+                num_new = min(num_new, cap)
                 if num_new <= 0:
                     i += 1
                     continue
@@ -141,6 +164,8 @@ class Scheduler:
                     self._fail_unfittable(request, out)
                     break
                 victim = max(self.running, key=lambda r: (r.priority, r.admitted_seq))
+                if victim is not request and victim.num_tokens - victim.num_computed_tokens == 1:
+                    decodes_ahead -= 1  # (the victim sorts last: not reached yet)
                 freed = scheduled.pop(victim, 0)
                 budget += freed
                 if freed > 1:
@@ -166,6 +191,26 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         return out
+
+    def _is_long(self, request: Request) -> bool:
+        return self.short_prefill_first and request.num_tokens >= self.long_prompt_tokens
+
+    def _short_prefill_reserve(self, cap: int) -> int:
+        """Prefill tokens the short waiting prompts that have a seat would take this step
+        (their uncached parts), at most `cap` less the long prompts' floor."""
+        floor = max(1, self.max_num_batched_tokens // 8)
+        limit = cap - floor
+        seats = self.max_num_seqs - len(self.running)
+        bm = self.block_manager
+        need = 0
+        for priority in Priority:
+            for request in self.waiting[priority]:
+                if need >= limit or seats <= 0:
+                    return max(0, min(need, limit))
+                if request.num_tokens < self.long_prompt_tokens:
+                    need += request.num_tokens - len(bm.find_cached_prefix(request)) * bm.block_size
+                    seats -= 1
+        return max(0, min(need, limit))
 
     def _prefill_allowance(self, budget: int) -> int:
         if self.prefill_policy is None:
@@ -206,53 +251,58 @@ class Scheduler:
     def _admit_waiting(
         self, budget: int, prefill_left: int, scheduled: dict[Request, int], out: SchedulerOutput
     ) -> None:
-        """Admits waiting requests (interactive first) while the step's token budget, its
-        prefill allowance, sequence slots and KV blocks last."""
+        """Admits waiting requests while the step's token budget, its prefill allowance,
+        sequence slots and KV blocks last: interactive before batch, each in arrival order, and
+        with `short_prefill_first` every short prompt before the long ones."""
         bm = self.block_manager
-        for priority in Priority:
-            queue = self.waiting[priority]
-            while queue and budget > 0 and prefill_left > 0:
-                if len(self.running) >= self.max_num_seqs:
-                    # Every sequence slot is taken: an interactive request takes a batch
-                    # request's seat, as it would take its memory below.
-                    if priority is not Priority.INTERACTIVE or not self._preempt_batch(
-                        scheduled, out, for_seat=True
-                    ):
-                        break
-                    budget = self.max_num_batched_tokens - sum(scheduled.values())
+        order = [r for priority in Priority for r in self.waiting[priority]]
+        if self.short_prefill_first:
+            order.sort(key=self._is_long)  # stable: class and arrival order kept within each
+        for request in order:
+            if budget <= 0 or prefill_left <= 0:
+                return
+            priority = request.priority
+            if priority is Priority.BATCH and out.num_preempted:
+                continue  # batch requests just preempted must not be replaced this step
+            if len(self.running) >= self.max_num_seqs:
+                # Every sequence slot is taken: an interactive request takes a batch
+                # request's seat, as it would take its memory below.
+                if priority is not Priority.INTERACTIVE or not self._preempt_batch(
+                    scheduled, out, for_seat=True
+                ):
                     continue
-                request = queue[0]
-                if bm.num_blocks_for(request.num_tokens + 1) > bm.num_blocks:
-                    self._fail_unfittable(request, out)  # leaves the queue in finish()
-                    continue
-                hits = bm.find_cached_prefix(request)
-                num_computed = len(hits) * bm.block_size
+                budget = self.max_num_batched_tokens - sum(scheduled.values())
+                if budget <= 0:
+                    return
+            if bm.num_blocks_for(request.num_tokens + 1) > bm.num_blocks:
+                self._fail_unfittable(request, out)  # leaves the queue in finish()
+                continue
+            hits = bm.find_cached_prefix(request)
+            num_computed = len(hits) * bm.block_size
+            num_new = min(request.num_tokens - num_computed, budget, prefill_left)
+            while not bm.allocate_slots(request, num_new, hits):
+                if priority is not Priority.INTERACTIVE or not self._preempt_batch(
+                    scheduled, out
+                ):
+                    # Head of line blocks: a request must not take the memory one ahead of it
+                    # is waiting for.
+                    return
+                budget = self.max_num_batched_tokens - sum(scheduled.values())
                 num_new = min(request.num_tokens - num_computed, budget, prefill_left)
-                while not bm.allocate_slots(request, num_new, hits):
-                    if priority is not Priority.INTERACTIVE or not self._preempt_batch(
-                        scheduled, out
-                    ):
-                        # Head of line blocks: a batch request must not take the memory an
-                        # interactive one is waiting for, nor jump its own queue.
-                        return
-                    budget = self.max_num_batched_tokens - sum(scheduled.values())
-                    num_new = min(request.num_tokens - num_computed, budget, prefill_left)
-                queue.popleft()
-                bm.prefix_cache_queries += request.num_tokens
-                bm.prefix_cache_hits += num_computed
-                request.num_computed_tokens = num_computed
-                if request.num_preemptions == 0:  # (a resumed request's hits may pass its prompt)
-                    request.num_cached_tokens = min(num_computed, request.num_prompt_tokens)
-                request.status = RequestStatus.RUNNING
-                request.spec_slots = 0
-                request.admitted_seq = self._admissions
-                self._admissions += 1
-                self.running.append(request)
-                scheduled[request] = num_new
-                budget -= num_new
-                prefill_left -= num_new
-            if out.num_preempted:
-                break  # batch requests just preempted must not be re-admitted this step
+            self.waiting[priority].remove(request)
+            bm.prefix_cache_queries += request.num_tokens
+            bm.prefix_cache_hits += num_computed
+            request.num_computed_tokens = num_computed
+            if request.num_preemptions == 0:  # (a resumed request's hits may pass its prompt)
+                request.num_cached_tokens = min(num_computed, request.num_prompt_tokens)
+            request.status = RequestStatus.RUNNING
+            request.spec_slots = 0
+            request.admitted_seq = self._admissions
+            self._admissions += 1
+            self.running.append(request)
+            scheduled[request] = num_new
+            budget -= num_new
+            prefill_left -= num_new
 
     def _preempt_batch(
         self, scheduled: dict[Request, int], out: SchedulerOutput, *, for_seat: bool = False

@@ -97,6 +97,7 @@ class Settings(BaseSettings):
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3
     ttft_prompt_tokens: int = 4000
+    short_prefill_first: bool = True  # short prompts' chunks before long documents' (scheduler.py)
     # Overlapped scheduling (docs/serving.md#overlapped-scheduling): step N+1 launches before
     # step N's tokens reach the host. None: on for a GPU worker without speculative decoding or
     # tensor parallelism (engine/config.py).

@@ -1,0 +1,106 @@
+# The order of prompt chunks inside a step's token budget (scheduler.py, "Within a step's
+# budget"), through the real engine on the `tiny` preset (random weights, CPU). A budget of 64
+# tokens and a "long" threshold of 100 tokens stand in for 8,192 and 4,000.
+import pytest
+
+from engine import LLMEngine, SamplingParams
+from engine.config import EngineConfig
+
+LONG = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+BUDGET = 64
+
+
+def _engine(**options) -> LLMEngine:
+    options.setdefault("num_kv_blocks", 128)
+    options.setdefault("max_num_batched_tokens", BUDGET)
+    options.setdefault("ttft_prompt_tokens", 100)
+    options.setdefault("enable_prefix_caching", False)
+    return LLMEngine(EngineConfig(model="tiny", device="cpu", **options))
+
+
+def _request(engine: LLMEngine, request_id: str):
+    return engine.scheduler.requests.get(request_id)
+
+
+def _steps_to_first_token(engine: LLMEngine, request_id: str, limit: int = 100) -> int:
+    for n in range(1, limit + 1):
+        for d in engine.step():
+            if d.request_id == request_id and d.new_token_ids:
+                return n
+    raise AssertionError(f"{request_id} got no token in {limit} steps")
+
+
+def _drain(engine: LLMEngine) -> dict[str, str]:
+    finished = {}
+    for _ in range(10_000):
+        if not engine.has_unfinished():
+            return finished
+        for d in engine.step():
+            if d.finished:
+                finished[d.request_id] = d.finish_reason
+    raise AssertionError("engine did not drain")
+
+
+@pytest.mark.parametrize("short_first", [True, False])
+def test_a_short_prompt_does_not_wait_for_a_long_documents_prefill(short_first):
+    engine = _engine(short_prefill_first=short_first)
+    engine.add_request("doc", list(range(600)), LONG, "interactive")  # ten budgets of prefill
+    engine.step()
+    doc = _request(engine, "doc")
+    assert doc.num_computed_tokens == BUDGET
+    engine.add_request("chat", list(range(1000, 1020)), LONG, "batch")  # 20 tokens, batch class
+    steps = _steps_to_first_token(engine, "chat")
+    if short_first:
+        # Admitted and prefilled in the very next step, beside a smaller chunk of the document
+        # (which still moves: at least its floor of an eighth of the budget).
+        assert steps == 1
+        assert doc.num_computed_tokens == 2 * BUDGET - 20
+    else:
+        # The document holds the whole budget until its prompt is done.
+        assert steps >= 9
+        assert doc.num_computed_tokens == 600
+    assert _drain(engine) == {"doc": "length", "chat": "length"}
+    assert engine.stats().num_free_blocks == engine.stats().num_total_blocks
+
+
+def test_waiting_short_prompts_are_admitted_before_an_earlier_long_one():
+    engine = _engine()
+    engine.add_request("doc", list(range(600)), LONG)
+    engine.add_request("chat-a", list(range(1000, 1020)), LONG)
+    engine.add_request("chat-b", list(range(2000, 2030)), LONG)
+    deltas = {d.request_id for d in engine.step() if d.new_token_ids}
+    assert deltas == {"chat-a", "chat-b"}  # both prompts done in the first step
+    assert _request(engine, "doc").num_computed_tokens == BUDGET - 50  # the rest of the budget
+    assert _drain(engine) == {"doc": "length", "chat-a": "length", "chat-b": "length"}
+
+
+def test_the_long_prompt_keeps_its_floor_under_a_stream_of_short_ones():
+    engine = _engine()
+    engine.add_request("doc", list(range(600)), LONG)
+    engine.step()
+    floor = BUDGET // 8
+    for n in range(6):  # more short prompt tokens every step than the budget holds
+        for k in range(3):
+            engine.add_request(f"chat-{n}-{k}", list(range(3000 + 100 * (3 * n + k), 3030 + 100 * (3 * n + k))), LONG)  # fmt: skip
+        before = _request(engine, "doc").num_computed_tokens
+        engine.step()
+        assert _request(engine, "doc").num_computed_tokens - before >= floor
+    _drain(engine)
+    assert engine.stats().num_free_blocks == engine.stats().num_total_blocks
+
+
+def test_decodes_keep_their_budget_beside_a_prompt_admitted_before_them():
+    engine = _engine()
+    engine.add_request("doc", list(range(600)), LONG)
+    engine.step()
+    # Admitted after "doc" (short prompts get the room), so its decodes sort after the
+    # document's prompt chunks in the running list, which could fill every budget by itself.
+    engine.add_request("chat", list(range(2000, 2010)), LONG)
+    assert _steps_to_first_token(engine, "chat") == 1
+    chat, doc = _request(engine, "chat"), _request(engine, "doc")
+    assert chat.admitted_seq > doc.admitted_seq
+    for n in range(1, 4):
+        engine.step()
+        assert chat.num_output_tokens == 1 + n  # one token a step
+        assert doc.num_computed_tokens < 600
+    _drain(engine)
