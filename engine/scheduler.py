@@ -281,9 +281,7 @@ class Scheduler:
             num_computed = len(hits) * bm.block_size
             num_new = min(request.num_tokens - num_computed, budget, prefill_left)
             while not bm.allocate_slots(request, num_new, hits):
-                if priority is not Priority.INTERACTIVE or not self._preempt_batch(
-                    scheduled, out
-                ):
+                if priority is not Priority.INTERACTIVE or not self._preempt_batch(scheduled, out):
                     # Head of line blocks: a request must not take the memory one ahead of it
                     # is waiting for.
                     return

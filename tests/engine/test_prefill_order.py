@@ -81,7 +81,8 @@ def test_the_long_prompt_keeps_its_floor_under_a_stream_of_short_ones():
     floor = BUDGET // 8
     for n in range(6):  # more short prompt tokens every step than the budget holds
         for k in range(3):
-            engine.add_request(f"chat-{n}-{k}", list(range(3000 + 100 * (3 * n + k), 3030 + 100 * (3 * n + k))), LONG)  # fmt: skip
+            first = 3000 + 100 * (3 * n + k)
+            engine.add_request(f"chat-{n}-{k}", list(range(first, first + 30)), LONG)
         before = _request(engine, "doc").num_computed_tokens
         engine.step()
         assert _request(engine, "doc").num_computed_tokens - before >= floor
