@@ -56,12 +56,13 @@ def paged_attention(
     scale: float,
     k_scale: float = 1.0,  # an FP8 cache holds K / k_scale and V / v_scale
     v_scale: float = 1.0,
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; default: a new one
 ) -> torch.Tensor:
     if not q.is_cuda:
         store_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         return paged_prefill_attention_ref(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            meta.max_query_len, scale, k_scale=k_scale, v_scale=v_scale,
+            meta.max_query_len, scale, out=out, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
 
     from kernels.dense_prefill_attention import dense_prefill_attention
@@ -70,7 +71,8 @@ def paged_attention(
     from kernels.store_kv import store_kv
 
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
     nd = meta.num_decodes
     num_seqs = meta.seq_lens.shape[0]
     if nd:

@@ -89,6 +89,7 @@ class LLMEngine:
             prefill_policy=self.prefill_policy,
             short_prefill_first=config.short_prefill_first,
             long_prompt_tokens=config.ttft_prompt_tokens,
+            long_prefill_chunk=config.long_prefill_chunk,
         )
         self.speculator: Speculator | None = None
         if config.speculative_method == "ngram":

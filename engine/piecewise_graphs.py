@@ -111,10 +111,10 @@ class PiecewiseGraphs:
             self.positions[n:t].zero_()
         for i, layer in enumerate(self.layers):
             self._run_piece(i, t)
-            attn = layer.self_attn.attend(
-                self.q[:n], self.k[:n], self.v[:n], batch.meta, self.kv_caches[i]
+            # Straight into the buffer the next piece reads: no allocation, no copy.
+            layer.self_attn.attend(
+                self.q[:n], self.k[:n], self.v[:n], batch.meta, self.kv_caches[i], self.attn[:n]
             )
-            self.attn[:n].copy_(attn)
         self._run_piece(len(self.layers), t)
         return self.hidden[:n]
 

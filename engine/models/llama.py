@@ -81,10 +81,13 @@ class LlamaAttention(nn.Module):
         q, k = ops.apply_rotary(q, k, positions, cos_sin)
         return q, k, v
 
-    def attend(self, q, k, v, meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
-        """kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim] → [T, heads, dim]"""
+    def attend(
+        self, q, k, v, meta: AttentionMetadata, kv_cache: torch.Tensor, out=None
+    ) -> torch.Tensor:
+        """kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim] → [T, heads, dim]
+        (into `out` when given)"""
         return paged_attention(
-            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale
+            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale, out
         )
 
     def output(self, attn: torch.Tensor) -> torch.Tensor:
