@@ -52,8 +52,8 @@ class EngineConfig:
     # Prompt chunks of short prompts go before those of long ones (scheduler.py, "Within a step's
     # budget"); off: one order, interactive before batch, each in arrival order.
     short_prefill_first: bool = True
-    # A long prompt's chunk while other requests run or wait (None: up to the whole budget).
-    long_prefill_chunk: int | None = 2048
+    # A long prompt's chunk while other requests run or wait (0: up to the whole budget).
+    long_prefill_chunk: int = 2048
     # Overlapped scheduling (engine/overlap.py): step N+1 is scheduled and launched before step
     # N's sampled tokens reach the host; N+1 reads them on the device. None (auto): on for a
     # CUDA engine without speculative decoding or tensor parallelism (measured on the H200: GPU
@@ -125,7 +125,7 @@ class EngineConfig:
                 "overlap_scheduling is not supported with tensor_parallel_size > 1 (the other "
                 "ranks would need rank 0's sampled tokens on their devices)"
             )
-        if self.long_prefill_chunk is not None and self.long_prefill_chunk < 1:
-            raise ValueError("long_prefill_chunk must be positive (or None: no cap)")
+        if self.long_prefill_chunk < 0:
+            raise ValueError("long_prefill_chunk must be >= 0 (0: no cap)")
         if self.prefill_ttft_guard_s < 0 or self.ttft_prompt_tokens < 1:
             raise ValueError("prefill_ttft_guard_s must be >= 0 and ttft_prompt_tokens >= 1")

@@ -66,7 +66,7 @@ class Scheduler:
         prefill_policy: PrefillPolicy | None = None,
         short_prefill_first: bool = True,
         long_prompt_tokens: int = 4000,
-        long_prefill_chunk: int | None = 2048,
+        long_prefill_chunk: int = 2048,  # 0: no cap
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -205,7 +205,7 @@ class Scheduler:
     def _long_chunk_cap(self, others: int) -> int:
         """The most tokens a long prompt's chunk may take with `others` requests running or
         waiting beside it."""
-        if self.long_prefill_chunk is None or others == 0:
+        if not self.long_prefill_chunk or others == 0:
             return self.max_num_batched_tokens
         return self.long_prefill_chunk
 
@@ -213,7 +213,7 @@ class Scheduler:
         """Prefill tokens the short waiting prompts that have a seat would take this step
         (their uncached parts), at most `cap` less the long prompts' floor."""
         floor = max(1, self.max_num_batched_tokens // 8)
-        if self.long_prefill_chunk is not None:
+        if self.long_prefill_chunk:
             floor = min(floor, self.long_prefill_chunk)
         limit = cap - floor
         seats = self.max_num_seqs - len(self.running)

@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     prefill_ttft_guard_s: float = 0.3
     ttft_prompt_tokens: int = 4000
     short_prefill_first: bool = True  # short prompts' chunks before long documents' (scheduler.py)
-    long_prefill_chunk: int | None = 2048  # a long document's chunk beside other requests
+    long_prefill_chunk: int = Field(2048, ge=0)  # a long prompt's chunk beside others (0: no cap)
     # Overlapped scheduling (docs/serving.md#overlapped-scheduling): step N+1 launches before
     # step N's tokens reach the host. None: on for a GPU worker without speculative decoding or
     # tensor parallelism (engine/config.py).

@@ -107,7 +107,7 @@ def test_decodes_keep_their_budget_beside_a_prompt_admitted_before_them():
     _drain(engine)
 
 
-@pytest.mark.parametrize("chunk", [16, None])
+@pytest.mark.parametrize("chunk", [16, 0])
 def test_a_long_prompts_chunk_is_capped_only_beside_other_requests(chunk):
     engine = _engine(long_prefill_chunk=chunk)
     engine.add_request("doc", list(range(600)), LONG)
@@ -117,9 +117,9 @@ def test_a_long_prompts_chunk_is_capped_only_beside_other_requests(chunk):
     engine.add_request("chat", list(range(2000, 2010)), LONG)
     engine.step()  # chat's prompt (10 tokens) and a chunk of the document
     engine.step()  # chat decodes beside the next chunk
-    step = BUDGET - 1 if chunk is None else chunk  # (the decode takes one token of the budget)
-    assert doc.num_computed_tokens == BUDGET + (BUDGET - 10 if chunk is None else chunk) + step
-    if chunk is not None:
+    step = chunk or BUDGET - 1  # (the decode takes one token of the budget)
+    assert doc.num_computed_tokens == BUDGET + (chunk or BUDGET - 10) + step
+    if chunk:
         while _request(engine, "chat") is not None:
             engine.step()
             assert doc.num_computed_tokens <= BUDGET + chunk * 40
