@@ -115,7 +115,9 @@ async def _stream(
     try:
         if fmt.first_chunk is not None:
             yield sse(fmt.first_chunk | usage.field())
-        events = relay_events(state.redis, state.settings, request_id, drain.deadline_passed)
+        events = relay_events(
+            state.redis, state.settings, request_id, drain.deadline_passed, state.mux
+        )
         async for event in events:
             kind = event["type"]
             if kind == "keepalive":
@@ -167,7 +169,7 @@ async def _collect(
     async def consume() -> tuple[str, dict[str, Any]]:
         parts: list[str] = []
         async for event in relay_events(
-            state.redis, state.settings, request_id, drain.deadline_passed
+            state.redis, state.settings, request_id, drain.deadline_passed, state.mux
         ):
             parts.append(event.get("text", ""))
             if event["type"] == "error" and event.get("worker") is None:

@@ -25,6 +25,7 @@ from api.routes import (
     usage,
 )
 from api.state import AppState
+from api.stream_mux import StreamMux
 from engine.tokenizer import Tokenizer
 from metering.db import make_engine, make_sessionmaker
 from service.celery_app import configure
@@ -69,10 +70,17 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
                 max_model_len=max_model_len,
                 vocab_size=settings.vocab_size(),
             ),
+            mux=(
+                StreamMux(redis, block_ms=max(1, int(settings.relay_mux_block_s * 1000)))
+                if settings.relay_mux
+                else None
+            ),
         )
         try:
             yield
         finally:
+            if app.state.fleetlm.mux is not None:
+                await app.state.fleetlm.mux.aclose()
             await redis.aclose()
             db.dispose()
 

@@ -9,13 +9,17 @@
 #   `redis_unavailable` once Redis has been away for redis_outage_s;
 # - the API's drain deadline (api/drain.py) ends it with `shutdown`.
 # A stream silent for sse_keepalive_s yields a keep-alive, so the client always hears something.
+# Reads go through the process's StreamMux (api/stream_mux.py: one XREAD for every relayed
+# stream) when one is given, else straight to Redis.
 # Events the relay makes itself carry no "worker": the worker still has to learn the request
 # ended (the caller publishes a cancel).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
@@ -24,6 +28,9 @@ from service.events import FINAL_EVENTS, ErrorEvent, Event, decode_event, error_
 from service.output_stream import OutputFollower
 from service.redis_clients import UNREACHABLE, Backoff
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from api.stream_mux import StreamMux, Subscription
 
 KEEPALIVE: dict = {"type": "keepalive"}
 
@@ -61,8 +68,28 @@ async def relay_events(
     settings: Settings,
     request_id: str,
     deadline_passed: Callable[[], bool] = lambda: False,
+    mux: StreamMux | None = None,
 ) -> AsyncIterator[dict]:
     key = p.output_key(request_id)
+    subscription = mux.subscribe(key) if mux is not None else None
+    try:
+        async with contextlib.aclosing(
+            _relay(redis, settings, key, subscription, deadline_passed)
+        ) as events:
+            async for event in events:
+                yield event
+    finally:
+        if subscription is not None:
+            mux.unsubscribe(subscription)
+
+
+async def _relay(
+    redis: Redis,
+    settings: Settings,
+    key: str,
+    subscription: Subscription | None,
+    deadline_passed: Callable[[], bool],
+) -> AsyncIterator[dict]:
     last_id = "0-0"
     follower = OutputFollower()
     liveness = Liveness(settings)
@@ -80,7 +107,10 @@ async def relay_events(
             yield KEEPALIVE
         gone = None
         try:
-            response = await redis.xread({key: last_id}, count=512, block=block_ms)
+            if subscription is not None:
+                response = await subscription.read(block_ms / 1000, count=512)
+            else:
+                response = await redis.xread({key: last_id}, count=512, block=block_ms)
             if not response:
                 gone = await _nobody_running(redis, follower, liveness)
         except UNREACHABLE:

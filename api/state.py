@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import KeyVerifier
 from api.load_shedding import LoadShedder
+from api.stream_mux import StreamMux
 from service.schemas.models import ModelCard
 from service.settings import Settings
 
@@ -23,3 +24,4 @@ class AppState:
     shedder: LoadShedder
     tokenizer: object  # engine.tokenizer.Tokenizer | ByteTokenizer
     model_card: ModelCard
+    mux: StreamMux | None  # one XREAD for all the output streams this process relays

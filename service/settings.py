@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     output_ttl_s: int = 300  # output streams expire this long after their last event
     redis_max_connections: int = 4096  # per API process; each open request holds one
     relay_poll_s: float = 0.5  # how often a waiting relay checks its worker's heartbeat
+    # The API's one XREAD for all its output streams blocks this long (api/stream_mux.py): the
+    # longest a new request's first event can wait for the read to include its stream.
+    relay_mux_block_s: float = Field(0.005, gt=0)
+    relay_mux: bool = True  # false: each relay blocks on its own stream (one XREAD per token)
     api_key_cache_s: float = 10.0  # how long a verified API key is trusted without a DB read
     limit_lease_s: float = 3600.0  # a concurrency slot not released by then frees itself
     # Hostile-input bounds (docs/operations.md#limits). A request body over max_request_bytes is

@@ -17,7 +17,7 @@ from tests.e2e.conftest import wait_until
 pytestmark = pytest.mark.timeout(150)
 
 N = 8
-MAX_TOKENS = 48
+MAX_TOKENS = 96  # long enough that a held request is still unstarted when SIGTERM lands
 
 
 def stream_chat(base_url: str, key: str, results: dict, i: int) -> None:
@@ -61,12 +61,14 @@ def test_sigterm_worker_mid_load_loses_no_request(fleet):
         t.start()
 
     def busy_worker():
+        # Two held beyond the running ones: the stats are a step old by the time SIGTERM lands,
+        # and one request may start meanwhile.
         for w in fleet.workers_stats():
-            if w["num_running"] > 0 and w["num_inflight"] > w["num_running"]:
+            if w["num_running"] > 0 and w["num_inflight"] >= w["num_running"] + 2:
                 return w["id"]
         return None
 
-    victim = wait_until(busy_worker, 30, "a worker running some requests and holding more")
+    victim = wait_until(busy_worker, 30, "a worker running some requests and holding two more")
     pid = json.loads(fleet.redis.get(f"fleetlm:worker:{victim}:alive"))["pid"]
     os.kill(pid, signal.SIGTERM)
     wait_until(lambda: fleet.redis.get(f"fleetlm:worker:{victim}:alive") is None, 60,
