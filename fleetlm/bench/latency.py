@@ -38,6 +38,13 @@ class RequestRecord:
     num_output: int = 0
     num_cached: int = 0
     token_times: list[float] = field(default_factory=list)  # one per chunk / engine delta
+    # Served runs against a launched fleetlm: the request's id and its usage row's timings,
+    # measured by the server from the API's enqueue (queue: until the engine first scheduled
+    # it; ttft: until the engine had its first token on the host). Client TTFT minus server
+    # TTFT is the way in to the API's enqueue and the way out (worker publish, relay, client).
+    request_id: str | None = None
+    server_queue_s: float | None = None
+    server_ttft_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,6 +115,26 @@ def summarize_class(records: list[RequestRecord], t0: float, t1: float, targets:
         "chunks_per_token": sum(len(r.token_times) for r in done)
         / max(sum(r.num_output for r in done), 1),
         "cached_fraction": sum(r.num_cached for r in done) / max(in_tokens, 1),
+    } | _server_side(done, targets)
+
+
+def _server_side(done: list[RequestRecord], targets: Targets) -> dict:
+    """Where a served short prompt's TTFT went, when the server's usage rows were read."""
+    short = [
+        r
+        for r in done
+        if r.server_ttft_s is not None
+        and r.first_token_s is not None
+        and r.num_prompt < targets.ttft_max_prompt_tokens
+    ]
+    if not short:
+        return {}
+    return {
+        "server_queue_s": percentiles([r.server_queue_s for r in short if r.server_queue_s]),
+        "server_ttft_s": percentiles([r.server_ttft_s for r in short]),
+        "client_minus_server_ttft_s": percentiles(
+            [r.first_token_s - r.arrival_s - r.server_ttft_s for r in short]
+        ),
     }
 
 

@@ -112,6 +112,35 @@ class LaunchedServer:
     def trace_files(self) -> list[Path]:
         return sorted(self.trace_dir.glob("steps-*.f64"))
 
+    def request_timings(self, request_ids: list[str], timeout_s: float = 20.0) -> dict:
+        """request id → (queue_ms, ttft_ms) from the server's usage rows, waiting up to
+        timeout_s for the metering writer to have written them all (what is there by then)."""
+        from sqlalchemy import select
+
+        from metering.db import make_engine
+        from metering.models import UsageRecord
+        from service.embedded import resolve_urls
+        from service.settings import Settings
+
+        if not request_ids:
+            return {}
+        _, database_url = resolve_urls(Settings(_env_file=None), self.data_dir)
+        db = make_engine(database_url)
+        query = select(UsageRecord.request_id, UsageRecord.queue_ms, UsageRecord.ttft_ms).where(
+            UsageRecord.request_id.in_(request_ids)
+        )
+        found: dict = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                with db.connect() as conn:
+                    found = {rid: (q, t) for rid, q, t in conn.execute(query)}
+                if len(found) >= len(set(request_ids)) or time.monotonic() > deadline:
+                    return found
+                time.sleep(0.5)
+        finally:
+            db.dispose()
+
     def stop(self, timeout_s: float = 120.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

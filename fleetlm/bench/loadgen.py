@@ -88,6 +88,7 @@ async def _send(session, target: Target, index: int, r: BenchRequest, t0: float,
     finished = False
     try:
         async with session.post(url, json=request_body(target, r), headers=headers) as resp:
+            rec.request_id = resp.headers.get("x-request-id")
             if resp.status != 200:
                 await resp.read()
                 rec.status = f"http_{resp.status}"

@@ -55,6 +55,7 @@ class HttpBackend:
         drain_timeout_s: float,
         trace_reader: Callable[[], list[dict]] | None = None,
         fleet: FleetStats | None = None,
+        usage_reader: Callable[[list[str]], dict[str, tuple]] | None = None,
         progress: bool = True,
     ) -> None:
         self.target = target
@@ -63,6 +64,8 @@ class HttpBackend:
         self.trace_reader = trace_reader  # the launched server's worker step traces
         self.fleet = fleet  # fleetlm's per-worker counters (an admin key)
         self.last_fleet: dict | None = None  # the last run's per-worker figures
+        # request id → (queue_ms, ttft_ms) from the server's usage rows (a launched server)
+        self.usage_reader = usage_reader
         self.progress = progress
 
     def run(self, requests, label: str) -> RunResult:
@@ -83,6 +86,12 @@ class HttpBackend:
         if self.fleet is not None:
             time.sleep(1.0)  # an idle worker rewrites its stats at least twice a second
             self.last_fleet = fleet_delta(before, self.fleet.read())
+        if self.usage_reader is not None:
+            timings = self.usage_reader([r.request_id for r in records if r.request_id])
+            for r in records:
+                queue_ms, ttft_ms = timings.get(r.request_id, (None, None))
+                r.server_queue_s = queue_ms / 1000 if queue_ms is not None else None
+                r.server_ttft_s = ttft_ms / 1000 if ttft_ms is not None else None
         return records, t0, steps
 
 
@@ -225,6 +234,17 @@ def one_line(run: dict) -> str:
         f"TPOT p50/p95 {_ms(inter['tpot_s']['p50'])}/{_ms(inter['tpot_s']['p95'])} ms, "
         f"{failed} failed{step_txt} → {'meets' if run['meets_targets'] else 'misses'} targets"
     )
+    if "server_ttft_s" in inter:
+        q, t, gap = (
+            inter["server_queue_s"],
+            inter["server_ttft_s"],
+            inter["client_minus_server_ttft_s"],
+        )
+        line += (
+            f"\n    server side (short prompts, p50/p95): queue {_s(q['p50'])}/{_s(q['p95'])} s, "
+            f"TTFT {_s(t['p50'])}/{_s(t['p95'])} s; client − server TTFT "
+            f"{_s(gap['p50'])}/{_s(gap['p95'])} s"
+        )
     fleet = fleet_line(run.get("fleet"))
     return f"{line}\n{fleet}" if fleet else line
 

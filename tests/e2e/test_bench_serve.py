@@ -78,6 +78,12 @@ def test_bench_serve_launch_sweep_and_compare(tmp_path):
         (worker,) = run_["fleet"]["workers"].values()
         taken = sum(worker[how] for how in ("routed", "shared", "stolen", "reclaimed"))
         assert taken == run_["workload"]["num_requests"]
+        # The server's own timings from the usage rows: a short prompt's first token left the
+        # worker before the client saw it, and a worker took it before that.
+        every = run_["report"]["all"]
+        server, gap = every["server_ttft_s"], every["client_minus_server_ttft_s"]
+        assert 0 < every["server_queue_s"]["p50"] <= server["p50"]
+        assert gap["p50"] > 0 and server["p50"] < every["ttft_short_prompts_s"]["p50"]
         assert worker["queries"] > 0 and 0 <= worker["prefix_hit_rate"] <= 1
     served_rates = {r["rate"] for r in result["served"]["runs"]}
     assert {row["rate"] for row in result["comparison"]["per_rate"]} <= served_rates
