@@ -49,10 +49,10 @@ class EngineConfig:
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
     ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
-    # Prompt chunks of short prompts go before those of long ones (scheduler.py, "Within a step's
-    # budget"); off: one order, interactive before batch, each in arrival order.
+    # The order of prompt chunks in a step (engine/prefill_order.py): short prompts' before long
+    # ones' (off: interactive before batch, each in arrival order), and a long prompt's chunk
+    # while other requests run or wait (0: up to the whole budget).
     short_prefill_first: bool = True
-    # A long prompt's chunk while other requests run or wait (0: up to the whole budget).
     long_prefill_chunk: int = 2048
     # Overlapped scheduling (engine/overlap.py): step N+1 is scheduled and launched before step
     # N's sampled tokens reach the host; N+1 reads them on the device. None (auto): on for a

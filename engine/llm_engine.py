@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.models.config import resolve_model_config
 from engine.outputs import EngineStats, RequestDelta
 from engine.overlap import OverlapSteps, Unsynced
+from engine.prefill_order import PrefillOrder
 from engine.request import Priority, Request
 from engine.request_intake import new_request
 from engine.runner_setup import build_runner, resolve_device, resolve_dtype
@@ -87,9 +88,13 @@ class LLMEngine:
             max_preemptions=config.max_preemptions,
             eos_token_ids=eos,
             prefill_policy=self.prefill_policy,
-            short_prefill_first=config.short_prefill_first,
-            long_prompt_tokens=config.ttft_prompt_tokens,
-            long_prefill_chunk=config.long_prefill_chunk,
+            prefill_order=PrefillOrder(
+                config.max_num_batched_tokens,
+                config.max_num_seqs,
+                short_first=config.short_prefill_first,
+                long_prompt_tokens=config.ttft_prompt_tokens,
+                long_chunk=config.long_prefill_chunk,
+            ),
         )
         self.speculator: Speculator | None = None
         if config.speculative_method == "ngram":

@@ -10,18 +10,8 @@
 # to the front of its class's queue. Nothing is silently truncated: a request preempted more
 # than `max_preemptions` times, or one that can never fit, finishes with reason "error".
 #
-# Within a step's budget (docs/serving.md#prefill-order):
-# * Decodes first: a prompt chunk never takes the budget the running decodes need.
-# * Short prompts before long ones (`short_prefill_first`): a prompt of `long_prompt_tokens` or
-#   more (a long document; the TTFT target does not cover it) takes only what the short waiting
-#   prompts leave, down to a floor of an eighth of the budget, so it keeps moving. Without
-#   this a 30k-token document holds the whole budget for four steps of ~0.4 s and every chat
-#   prompt that arrives meanwhile waits them out. Then interactive before batch, each in
-#   arrival order.
-# * A long prompt's chunk is at most `long_prefill_chunk` tokens while anything else runs or
-#   waits: a step then lasts ~0.1 s on the H200 rather than ~0.4 s, which is what a short
-#   prompt arriving mid-document waits for, and what every running decode's next token waits
-#   for. Alone, a document takes the whole budget.
+# Within a step's budget, decodes first: a prompt chunk never takes the budget the running
+# decodes need. The order among prompt chunks is engine/prefill_order.py's.
 from __future__ import annotations
 
 import time
@@ -29,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
+from engine.prefill_order import PrefillOrder
 from engine.request import Priority, Request, RequestStatus
 from engine.spec_policy import observe_acceptance
 from engine.step_cost import PrefillPolicy, StepFeatures, chunk_pairs
@@ -64,9 +55,7 @@ class Scheduler:
         max_preemptions: int,
         eos_token_ids: tuple[int, ...] = (),
         prefill_policy: PrefillPolicy | None = None,
-        short_prefill_first: bool = True,
-        long_prompt_tokens: int = 4000,
-        long_prefill_chunk: int = 2048,  # 0: no cap
+        prefill_order: PrefillOrder | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -82,9 +71,7 @@ class Scheduler:
         self.num_spec_accepted_tokens = 0
         # None: every step may fill its whole budget with prefill; else step_cost.py decides.
         self.prefill_policy = prefill_policy
-        self.short_prefill_first = short_prefill_first
-        self.long_prompt_tokens = long_prompt_tokens
-        self.long_prefill_chunk = long_prefill_chunk
+        self.order = prefill_order or PrefillOrder(max_num_batched_tokens, max_num_seqs)
         self.last_features: StepFeatures | None = None
 
     # -- queue management ----------------------------------------------------------------
@@ -146,11 +133,13 @@ class Scheduler:
                 decodes_ahead -= 1
             else:  # a prompt chunk: within the step's prefill allowance
                 cap = min(prefill_left, budget - decodes_ahead)
-                if self._is_long(request):
+                if self.order.is_long(request):
                     if reserve is None:
-                        reserve = self._short_prefill_reserve(cap)
+                        reserve = self.order.short_reserve(
+                            cap, self.waiting, len(self.running), self.block_manager
+                        )
                     others = len(self.running) - 1 + self.num_waiting
-                    cap = min(cap - reserve, self._long_chunk_cap(others))
+                    cap = min(cap - reserve, self.order.chunk_cap(request, others))
                 num_new = min(num_new, cap)
                 if num_new <= 0:
                     i += 1
@@ -199,35 +188,6 @@ class Scheduler:
                 request.first_scheduled_time = now
         return out
 
-    def _is_long(self, request: Request) -> bool:
-        return self.short_prefill_first and request.num_tokens >= self.long_prompt_tokens
-
-    def _long_chunk_cap(self, others: int) -> int:
-        """The most tokens a long prompt's chunk may take with `others` requests running or
-        waiting beside it."""
-        if not self.long_prefill_chunk or others == 0:
-            return self.max_num_batched_tokens
-        return self.long_prefill_chunk
-
-    def _short_prefill_reserve(self, cap: int) -> int:
-        """Prefill tokens the short waiting prompts that have a seat would take this step
-        (their uncached parts), at most `cap` less the long prompts' floor."""
-        floor = max(1, self.max_num_batched_tokens // 8)
-        if self.long_prefill_chunk:
-            floor = min(floor, self.long_prefill_chunk)
-        limit = cap - floor
-        seats = self.max_num_seqs - len(self.running)
-        bm = self.block_manager
-        need = 0
-        for priority in Priority:
-            for request in self.waiting[priority]:
-                if need >= limit or seats <= 0:
-                    return max(0, min(need, limit))
-                if request.num_tokens < self.long_prompt_tokens:
-                    need += request.num_tokens - len(bm.find_cached_prefix(request)) * bm.block_size
-                    seats -= 1
-        return max(0, min(need, limit))
-
     def _prefill_allowance(self, budget: int) -> int:
         if self.prefill_policy is None:
             return budget
@@ -267,14 +227,10 @@ class Scheduler:
     def _admit_waiting(
         self, budget: int, prefill_left: int, scheduled: dict[Request, int], out: SchedulerOutput
     ) -> None:
-        """Admits waiting requests while the step's token budget, its prefill allowance,
-        sequence slots and KV blocks last: interactive before batch, each in arrival order, and
-        with `short_prefill_first` every short prompt before the long ones."""
+        """Admits waiting requests, in the prefill order's admission order, while the step's
+        token budget, its prefill allowance, sequence slots and KV blocks last."""
         bm = self.block_manager
-        order = [r for priority in Priority for r in self.waiting[priority]]
-        if self.short_prefill_first:
-            order.sort(key=self._is_long)  # stable: class and arrival order kept within each
-        for request in order:
+        for request in self.order.admission_order(self.waiting):
             if budget <= 0 or prefill_left <= 0:
                 return
             priority = request.priority
@@ -295,9 +251,8 @@ class Scheduler:
                 continue
             hits = bm.find_cached_prefix(request)
             num_computed = len(hits) * bm.block_size
-            chunk = prefill_left
-            if self._is_long(request):
-                chunk = min(chunk, self._long_chunk_cap(len(self.running) + self.num_waiting - 1))
+            others = len(self.running) + self.num_waiting - 1
+            chunk = min(prefill_left, self.order.chunk_cap(request, others))
             num_new = min(request.num_tokens - num_computed, budget, chunk)
             while not bm.allocate_slots(request, num_new, hits):
                 if priority is not Priority.INTERACTIVE or not self._preempt_batch(scheduled, out):

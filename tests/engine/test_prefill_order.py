@@ -128,3 +128,13 @@ def test_a_long_prompts_chunk_is_capped_only_beside_other_requests(chunk):
         engine.step()
         assert doc.num_computed_tokens == min(600, before + BUDGET)  # alone again
     _drain(engine)
+
+
+def test_the_slice_cap_holds_without_short_first():
+    engine = _engine(short_prefill_first=False, long_prefill_chunk=16)
+    engine.add_request("doc", list(range(600)), LONG)
+    engine.add_request("chat", list(range(2000, 2010)), LONG)
+    engine.step()  # arrival order: the document first, but in a slice beside the chat prompt
+    assert _request(engine, "doc").num_computed_tokens == 16
+    assert _request(engine, "chat").num_computed_tokens >= 10
+    _drain(engine)
