@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     result.update(sweeps)
     if "served" in sweeps and "engine" in sweeps:
         result["comparison"] = compare(sweeps["served"], sweeps["engine"])
+    _add_roofline(args, result, sweeps)
     _print_summary(sweeps, result.get("comparison"))
     if args.json:
         _write_json(args.json, result)
@@ -213,10 +214,23 @@ def _engine_sweep(args, spec, rates, targets, plan, on_run):
         plan = _plan(args, spec, engine.max_model_len, _vocab(args, settings.model))
     backend = EngineBackend(engine)
     _warm_up(backend, plan, rates[0], args.warmup_s)
-    return sweep(
+    result = sweep(
         lambda rate: run_rate(backend, plan, rate, targets), rates,
         bisect_rounds=args.bisect, stop_after_failure=not args.no_stop_on_miss, on_run=on_run,
     )  # fmt: skip
+    if engine.device.type == "cuda":  # the ceilings of this very GPU, for the roofline
+        import torch
+
+        from fleetlm.bench.roofline_check import gpu_key, measure_ceilings
+
+        result["ceilings"] = measure_ceilings(engine.device)
+        result["gpu"] = gpu_key(torch.cuda.get_device_name(engine.device))
+        result["deployment"] = {
+            "model": settings.model,
+            "weights_dtype": "fp8" if settings.quantization == "fp8" else "bf16",
+            "kv_dtype": "fp8" if settings.kv_cache_dtype == "fp8" else "bf16",
+        }
+    return result
 
 
 def _warm_up(backend, plan, rate: float, seconds: float) -> None:
@@ -283,6 +297,29 @@ def _machine() -> dict:
     except (OSError, subprocess.TimeoutExpired):
         info["gpus"] = []
     return info
+
+
+def _add_roofline(args, result: dict, sweeps: dict) -> None:
+    """Goodput against the serving roofline of the ceilings the engine sweep measured."""
+    engine = sweeps.get("engine", {})
+    if "ceilings" not in engine or engine.get("gpu") is None or args.traffic != "seed":
+        return
+    from fleetlm.bench.roofline_check import roofline_report
+
+    dep = engine["deployment"]
+    goodput = {name: s["goodput_output_tok_s"] for name, s in sweeps.items()}
+    result["roofline"] = report = roofline_report(
+        dep["model"], engine["gpu"], engine["ceilings"], goodput, args.traffic,
+        weights_dtype=dep["weights_dtype"], kv_dtype=dep["kv_dtype"],
+    )  # fmt: skip
+    c = engine["ceilings"]
+    print(
+        f"roofline (1x{engine['gpu']}, copy {c['copy_bytes_s'] / 1e12:.2f} TB/s, bf16 "
+        f"{c['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s measured now): "
+        f"{report['roofline_output_tok_s']:,.0f} output tok/s (datasheet "
+        f"{report['datasheet_roofline_output_tok_s']:,.0f}); goodput "
+        + ", ".join(f"{k} {v:.0%}" for k, v in report["goodput_fraction"].items())
+    )
 
 
 def _print_summary(sweeps: dict, comparison: dict | None) -> None:
