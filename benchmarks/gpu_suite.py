@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from fleetlm.bench.engine_bench import run_workload, workload_floor_s
+from fleetlm.bench.roofline_check import measure_ceilings
 from fleetlm.bench.workloads import SEED_TRAFFIC, describe, generate, nano
 
 MODEL = "llama-3.1-8b"
@@ -28,21 +29,6 @@ PROFILE = False
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def measure_ceilings() -> dict:
-    import triton.testing
-
-    n = 1 << 28  # 1 GiB of fp32 per buffer: far beyond the 60 MB L2
-    src = torch.randn(n, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    copy_bw = 2 * n * 4 / (ms * 1e-3)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
-    flops = 2 * 8192**3 / (ms * 1e-3)
-    return {"copy_bytes_s": copy_bw, "bf16_matmul_flops": flops}
 
 
 def make_engine(**overrides):
@@ -190,7 +176,7 @@ def main() -> None:
     import triton
 
     results["triton"] = triton.__version__
-    results["ceilings"] = measure_ceilings()
+    results["ceilings"] = measure_ceilings()  # fleetlm/bench/roofline_check.py
     log(f"ceilings: copy {results['ceilings']['copy_bytes_s'] / 1e12:.2f} TB/s, "
         f"bf16 {results['ceilings']['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s")  # fmt: skip
     parts = args.parts.split(",")
