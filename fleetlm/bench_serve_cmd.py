@@ -221,10 +221,11 @@ def _engine_sweep(args, spec, rates, targets, plan, on_run):
     if engine.device.type == "cuda":  # the ceilings of this very GPU, for the roofline
         import torch
 
-        from fleetlm.bench.roofline_check import gpu_key, measure_ceilings
+        from fleetlm.bench.roofline_check import measure_ceilings
+        from fleetlm.capacity.gpus import gpu_for_device
 
         result["ceilings"] = measure_ceilings(engine.device)
-        result["gpu"] = gpu_key(torch.cuda.get_device_name(engine.device))
+        result["gpu"] = gpu_for_device(torch.cuda.get_device_name(engine.device))
         result["deployment"] = {
             "model": settings.model,
             "weights_dtype": "fp8" if settings.quantization == "fp8" else "bf16",

@@ -42,7 +42,8 @@ class Settings(BaseSettings):
     max_queue_len: int = 1024  # per priority: requests queued or running before 503
     queue_retry_after_s: int = 1
     output_ttl_s: int = 300  # output streams expire this long after their last event
-    redis_max_connections: int = 4096  # per API process; each open request holds one
+    # Per API process; with relay_mux off each open request holds one.
+    redis_max_connections: int = 4096
     relay_poll_s: float = 0.5  # how often a waiting relay checks its worker's heartbeat
     # The API's one XREAD for all its output streams blocks this long (api/stream_mux.py): the
     # longest a new request's first event can wait for the read to include its stream.
@@ -101,7 +102,7 @@ class Settings(BaseSettings):
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3
     ttft_prompt_tokens: int = 4000
-    short_prefill_first: bool = True  # short prompts' chunks before long documents' (scheduler.py)
+    short_prefill_first: bool = True  # short prompts' chunks before long ones' (prefill_order.py)
     long_prefill_chunk: int = Field(2048, ge=0)  # a long prompt's chunk beside others (0: no cap)
     # Overlapped scheduling (docs/serving.md#overlapped-scheduling): step N+1 launches before
     # step N's tokens reach the host. None: on for a GPU worker without speculative decoding or

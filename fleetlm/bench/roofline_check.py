@@ -5,10 +5,7 @@
 # datasheet's.
 from __future__ import annotations
 
-import re
-
 from fleetlm.capacity.deployment import Deployment
-from fleetlm.capacity.gpus import GPUS
 from fleetlm.capacity.plan import make_plan
 from fleetlm.capacity.workloads import get_workload
 
@@ -38,16 +35,6 @@ def _matmul_flops(device) -> float:
     b = torch.randn_like(a)
     ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
     return 2 * 8192**3 / (ms * 1e-3)
-
-
-def gpu_key(device_name: str) -> str | None:
-    """The capacity planner's GPU for a CUDA device name ('NVIDIA H200' → 'H200'), or None."""
-    squashed = re.sub(r"[\s_\-]", "", device_name).upper()
-    for key, spec in GPUS.items():
-        names = (key, spec.name, *spec.aliases)
-        if any(re.sub(r"[\s_\-]", "", n).upper() in squashed for n in names):
-            return key
-    return None
 
 
 def roofline_report(

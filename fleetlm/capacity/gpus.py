@@ -127,6 +127,15 @@ def get_gpu(name: str) -> GpuSpec:
     return spec
 
 
+def gpu_for_device(device_name: str) -> str | None:
+    """The GPUS key of a device as the driver names it ('NVIDIA H200' → 'H200'), or None."""
+    squashed = _key(device_name)
+    for key, spec in GPUS.items():
+        if any(_key(name) in squashed for name in (key, spec.name, *spec.aliases)):
+            return key
+    return None
+
+
 def parse_gpus(text: str) -> tuple[GpuSpec, int]:
     """'4xH100' → (H100 SXM, 4). A bare name means one GPU."""
     m = re.fullmatch(r"\s*(?:(\d+)\s*[x×*]\s*)?(.+?)\s*", text, flags=re.IGNORECASE)

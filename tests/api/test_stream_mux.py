@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import uuid
 
@@ -21,13 +22,27 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+@contextlib.asynccontextmanager
+async def _mux(url: str, keys: tuple[str, ...] | list[str] = (), **options):
+    """A StreamMux on its own client; on the way out it stops, and the test's streams go."""
+    redis = Redis.from_url(url, decode_responses=True)
+    mux = StreamMux(redis, block_ms=5, **options)
+    try:
+        yield redis, mux
+    finally:
+        await mux.aclose()
+        with contextlib.suppress(*UNREACHABLE):
+            if keys:
+                await redis.delete(*keys)
+        await redis.aclose()
+
+
 def test_each_stream_gets_its_own_entries_in_order_from_shared_reads(services):
+    keys = _keys(40)
+
     async def scenario():
-        redis = Redis.from_url(services.redis_url, decode_responses=True)
-        mux = StreamMux(redis, block_ms=5)
-        keys = _keys(40)
-        subs = [mux.subscribe(k) for k in keys]
-        try:
+        async with _mux(services.redis_url, keys) as (redis, mux):
+            subs = [mux.subscribe(k) for k in keys]
             for step in range(5):  # a worker step: one entry per stream, pipelined
                 async with redis.pipeline(transaction=False) as pipe:
                     for i, key in enumerate(keys):
@@ -46,41 +61,31 @@ def test_each_stream_gets_its_own_entries_in_order_from_shared_reads(services):
             assert all(steps == ["0", "1", "2", "3", "4"] for steps in got.values())
             # 200 entries in 40 streams, far fewer reads than one per entry
             assert mux.num_reads < 100
-        finally:
-            await mux.aclose()
-            await redis.delete(*keys)
-            await redis.aclose()
 
     _run(scenario())
 
 
 def test_a_quiet_stream_times_out_empty_and_a_late_entry_still_arrives(services):
+    (key,) = _keys(1)
+
     async def scenario():
-        redis = Redis.from_url(services.redis_url, decode_responses=True)
-        mux = StreamMux(redis, block_ms=5)
-        (key,) = _keys(1)
-        sub = mux.subscribe(key)
-        try:
+        async with _mux(services.redis_url, [key]) as (redis, mux):
+            sub = mux.subscribe(key)
             assert await sub.read(0.05) == []
             reader = asyncio.ensure_future(sub.read(5.0))
             await asyncio.sleep(0.02)
             await redis.xadd(key, {"n": "1"})
             ((_, entries),) = await reader
             assert [f["n"] for _, f in entries] == ["1"]
-        finally:
-            await mux.aclose()
-            await redis.delete(key)
-            await redis.aclose()
 
     _run(scenario())
 
 
 def test_unsubscribed_streams_leave_the_read_and_may_be_subscribed_again(services):
+    (key,) = _keys(1)
+
     async def scenario():
-        redis = Redis.from_url(services.redis_url, decode_responses=True)
-        mux = StreamMux(redis, block_ms=5)
-        (key,) = _keys(1)
-        try:
+        async with _mux(services.redis_url, [key]) as (redis, mux):
             sub = mux.subscribe(key)
             with pytest.raises(ValueError):
                 mux.subscribe(key)  # one reader per stream per process
@@ -96,10 +101,6 @@ def test_unsubscribed_streams_leave_the_read_and_may_be_subscribed_again(service
                 seen += [f["n"] for _, f in response[0][1]]
             assert seen == ["1", "2"]
             assert sub.entries == type(sub.entries)()  # the old one got nothing more
-        finally:
-            await mux.aclose()
-            await redis.delete(key)
-            await redis.aclose()
 
     _run(scenario())
 
@@ -110,14 +111,9 @@ def test_a_redis_that_does_not_answer_reaches_the_pending_read():
         port = s.getsockname()[1]
 
     async def scenario():
-        redis = Redis.from_url(f"redis://127.0.0.1:{port}/0", decode_responses=True)
-        mux = StreamMux(redis, block_ms=5, retry_s=0.05)
-        sub = mux.subscribe("test:mux:nobody")
-        try:
+        async with _mux(f"redis://127.0.0.1:{port}/0", retry_s=0.05) as (_, mux):
+            sub = mux.subscribe("test:mux:nobody")
             with pytest.raises(UNREACHABLE):
                 await sub.read(5.0)
-        finally:
-            await mux.aclose()
-            await redis.aclose()
 
     _run(scenario())

@@ -1,8 +1,9 @@
 # Goodput against the serving roofline of ceilings measured in the run (bench/roofline_check.py).
 import pytest
 
-from fleetlm.bench.roofline_check import gpu_key, roofline_report
+from fleetlm.bench.roofline_check import roofline_report
 from fleetlm.capacity.deployment import Deployment
+from fleetlm.capacity.gpus import gpu_for_device
 from fleetlm.capacity.plan import make_plan
 from fleetlm.capacity.workloads import get_workload
 
@@ -12,7 +13,7 @@ from fleetlm.capacity.workloads import get_workload
     [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("Tesla T4", None)],
 )
 def test_cuda_device_names_map_to_the_planners_gpus(name, key):
-    assert gpu_key(name) == key
+    assert gpu_for_device(name) == key
 
 
 def test_goodput_is_set_against_the_roofline_of_the_measured_ceilings():
