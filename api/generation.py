@@ -4,18 +4,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from api.drain import Drain
 from api.metrics import ADMISSIONS, REJECTIONS, ROUTED
 from api.relay import relay_events
+from api.sse import ChunkTemplate, EventStreamResponse, Peer, sse
 from api.state import AppState
 from metering import ratelimit as rl
 from metering.keys import Principal
@@ -33,11 +33,6 @@ from service.schemas.sampling import Usage
 log = logging.getLogger("fleetlm.api")
 
 _background: set[asyncio.Task] = set()  # tasks that outlive their request (held, not collected)
-
-
-def sse(obj: dict[str, Any] | str) -> str:
-    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
-    return f"data: {data}\n\n"
 
 
 async def generate(
@@ -90,9 +85,10 @@ async def generate(
     headers["x-request-id"] = queued.request_id
     if stream:
         usage = ChunkUsage(include_usage, continuous_usage, len(queued.prompt_token_ids))
-        body = _stream(request, state, queued.request_id, fmt, usage, drain)
+        peer = Peer()
+        body = _stream(peer, state, queued.request_id, fmt, usage, drain)
         headers["cache-control"] = "no-cache"
-        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        return EventStreamResponse(body, peer, headers)
     drain.opened()
     try:
         return await _collect(request, state, queued.request_id, fmt, headers, drain)
@@ -101,7 +97,7 @@ async def generate(
 
 
 async def _stream(
-    request: Request,
+    peer: Peer,
     state: AppState,
     request_id: str,
     fmt: Formatter,
@@ -112,6 +108,11 @@ async def _stream(
     delivered = 0  # output tokens whose text was handed to the client
     # Counted from the first chunk: a body never iterated must not hold a drain open.
     drain.opened()
+    # Content chunks: only the text is encoded per token (api/sse.py), unless every chunk
+    # carries its own usage.
+    template = None
+    if not usage.continuous:
+        template = ChunkTemplate(fmt.chunk(ChunkTemplate.text_mark(), None) | usage.field())
     try:
         if fmt.first_chunk is not None:
             yield sse(fmt.first_chunk | usage.field())
@@ -127,9 +128,12 @@ async def _stream(
             usage.update(event)
             if kind == "delta":
                 if text:
-                    yield sse(fmt.chunk(text, None) | usage.field())
+                    if template is not None:
+                        yield template.event(text)
+                    else:
+                        yield sse(fmt.chunk(text, None) | usage.field())
                     # Sent, unless the connection closed meanwhile (then the send did nothing).
-                    if await request.is_disconnected():
+                    if peer.gone:
                         break
                 delivered = event["completion_tokens"]
                 continue
