@@ -1,11 +1,13 @@
 # GET /metrics (an admin key, or the metrics_port listener for the scraper: the series name
-# tenants): this API process's series, the fleet's Redis-side state (queue depth per priority,
-# metering lag, worker heartbeats) read at scrape time, and every live worker's own series (the
-# snapshot each ships to fleetlm:worker:{id}:metrics) relabelled with worker="<id>", so one
-# scrape target serves a small deployment. Large ones scrape workers directly
+# tenants): the API's series (with several API processes, fleetlm/api_processes.py, the sum over
+# them all through prometheus_client's multiprocess directory), the fleet's Redis-side state
+# (queue depth per priority, metering lag, worker heartbeats) read at scrape time, and every live
+# worker's own series (the snapshot each ships to fleetlm:worker:{id}:metrics) relabelled with
+# worker="<id>", so one scrape target serves a small deployment. Large ones scrape workers directly
 # (FLEETLM_WORKER_METRICS_PORT) and can ignore the worker-labelled copies here.
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 
@@ -20,6 +22,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
@@ -55,11 +58,16 @@ ROUTED = Counter(
     ["priority", "to"],
     registry=REGISTRY,
 )
+# With several API processes the gauges are summed (open requests) or maxed (draining) over the
+# live ones.
 OPEN_REQUESTS = Gauge(
-    "fleetlm:api_open_requests", "Generation requests this API process is relaying.", [],
-    registry=REGISTRY,
+    "fleetlm:api_open_requests", "Generation requests the API is relaying.", [],
+    registry=REGISTRY, multiprocess_mode="livesum",
 )  # fmt: skip
-DRAINING = Gauge("fleetlm:api_draining", "1 while this API process drains.", registry=REGISTRY)
+DRAINING = Gauge(
+    "fleetlm:api_draining", "1 while an API process drains.", registry=REGISTRY,
+    multiprocess_mode="livemax",
+)  # fmt: skip
 
 router = APIRouter(tags=["metrics"])
 
@@ -211,5 +219,16 @@ async def metrics(state: State) -> Response:
     fleet, snapshots = await _fleet_families(state.redis, state.settings)
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_Static(fleet + merge_worker_series(snapshots)))
-    body = generate_latest(REGISTRY) + generate_latest(scrape)
+    body = api_series() + generate_latest(scrape)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def api_series() -> bytes:
+    """This process's series, or every API process's (summed) when they share a multiprocess
+    directory: prometheus_client reads PROMETHEUS_MULTIPROC_DIR when it is imported."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return generate_latest(REGISTRY)
+    registry = CollectorRegistry(auto_describe=False)
+    MultiProcessCollector(registry, path)
+    return generate_latest(registry)

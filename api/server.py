@@ -1,5 +1,8 @@
-# The HTTP server around the app (`fleetlm api`): uvicorn on h11 with a header deadline, the API
-# port and, when metrics_port is set, a second listener for the scraper; SIGTERM drains first.
+# The HTTP server around the app (`fleetlm api`): uvicorn on httptools (h11 where httptools is
+# not installed) and uvloop (uvicorn's "auto" loop) with a header deadline, the API port and, when
+# metrics_port is set, a second listener for the scraper; SIGTERM drains first. At load the
+# API process spends its time per relayed token in the HTTP layer: httptools writes a chunk with
+# a few C calls where h11 runs its state machine in Python.
 from __future__ import annotations
 
 import asyncio
@@ -13,28 +16,40 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from service.settings import Settings
 
 
-class HeaderDeadlineProtocol(H11Protocol):
-    """h11 that closes a connection whose request line and headers have not all arrived within
-    `header_timeout_s` of the connection opening, or of the previous response on a kept-alive
-    connection (uvicorn's keep-alive timer stops at the first byte, so a client dripping header
-    bytes would otherwise hold the connection forever). Bodies have their own deadline
-    (api/body_limits.py)."""
+def http_protocol_base() -> type[asyncio.Protocol]:
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # httptools is not installed
+        return H11Protocol
+    return HttpToolsProtocol
+
+
+class HeaderDeadline:
+    """Mixed into uvicorn's HTTP protocol (h11 or httptools: both keep `cycle`, `transport`,
+    `loop` and call `on_response_complete`): closes a connection whose request line and headers
+    have not all arrived within `header_timeout_s` of the connection opening, or of the previous
+    response on a kept-alive connection (uvicorn's keep-alive timer stops at the first byte, so a
+    client dripping header bytes would otherwise hold the connection forever). Bodies have their
+    own deadline (api/body_limits.py)."""
 
     header_timeout_s = 10.0
     _deadline: asyncio.TimerHandle | None = None
+    cycle: Any
+    transport: Any
+    loop: asyncio.AbstractEventLoop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
+        super().connection_made(transport)  # type: ignore[misc]
         self._arm_header_deadline()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         self._arm_header_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm_header_deadline(self) -> None:
         if self._deadline is not None:
@@ -50,10 +65,10 @@ class HeaderDeadlineProtocol(H11Protocol):
             self.transport.close()
 
 
-def protocol_for(settings: Settings) -> type[H11Protocol]:
+def protocol_for(settings: Settings) -> type[asyncio.Protocol]:
     return type(
         "HeaderDeadlineProtocol",
-        (HeaderDeadlineProtocol,),
+        (HeaderDeadline, http_protocol_base()),
         {"header_timeout_s": settings.header_timeout_s},
     )
 
@@ -70,18 +85,23 @@ def uvicorn_config(app: FastAPI, settings: Settings, port: int) -> uvicorn.Confi
     )
 
 
-def listeners(app: FastAPI, settings: Settings) -> tuple[uvicorn.Config, list[socket.socket]]:
-    """The server's config and its sockets: the API port, then the metrics port if set."""
-    config = uvicorn_config(app, settings, settings.port)
-    sockets = [config.bind_socket()]
-    if settings.metrics_port:
-        if settings.metrics_port == settings.port:
-            raise ValueError("FLEETLM_METRICS_PORT must differ from FLEETLM_PORT")
-        sockets.append(uvicorn_config(app, settings, settings.metrics_port).bind_socket())
-    return config, sockets
+def bind_listeners(settings: Settings) -> list[socket.socket]:
+    """The API port's socket, then the metrics port's if set: bound and listening, inheritable,
+    so `fleetlm serve` can bind them once and hand them to each of its API processes."""
+    if settings.metrics_port and settings.metrics_port == settings.port:
+        raise ValueError("FLEETLM_METRICS_PORT must differ from FLEETLM_PORT")
+    ports = [settings.port] + ([settings.metrics_port] if settings.metrics_port else [])
+    return [uvicorn.Config("", host=settings.host, port=port).bind_socket() for port in ports]
 
 
-def serve(app: FastAPI, settings: Settings) -> None:
+def listeners(
+    app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None
+) -> tuple[uvicorn.Config, list[socket.socket]]:
+    """The server's config and its sockets (the given ones: inherited from `fleetlm serve`)."""
+    return uvicorn_config(app, settings, settings.port), sockets or bind_listeners(settings)
+
+
+def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
     class DrainingServer(uvicorn.Server):
         # First SIGTERM/SIGINT: drain (api/drain.py), then exit as uvicorn does; a second: now.
         def handle_exit(self, sig: int, frame: object) -> None:
@@ -91,5 +111,5 @@ def serve(app: FastAPI, settings: Settings) -> None:
             else:
                 drain.start(lambda: super(DrainingServer, self).handle_exit(sig, None))
 
-    config, sockets = listeners(app, settings)
+    config, sockets = listeners(app, settings, sockets)
     DrainingServer(config).run(sockets=sockets)

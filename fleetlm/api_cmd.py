@@ -12,10 +12,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory or preset name")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
+    # `fleetlm serve` binds the ports once and passes the sockets to each API process.
+    p.add_argument("--listen-fds", default="", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import socket
+
     from api.main import create_app
     from api.server import serve
     from service.embedded import resolve_urls
@@ -28,5 +32,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(**overrides)
     configure_logging("api", settings.log_format, settings.log_level)
     redis_url, database_url = resolve_urls(settings, args.data_dir)
-    serve(create_app(settings, redis_url, database_url), settings)
+    fds = [int(fd) for fd in args.listen_fds.split(",") if fd]
+    sockets = [socket.socket(fileno=fd) for fd in fds] or None
+    serve(create_app(settings, redis_url, database_url), settings, sockets)
     return 0

@@ -1,5 +1,6 @@
 # `fleetlm serve`: everything on one machine. Starts embedded Redis/Postgres when no URL is set,
-# applies the migrations, ensures a demo tenant key and an admin key, then supervises the API, one
+# applies the migrations, ensures a demo tenant key and an admin key, then supervises the API
+# processes (fleetlm/api_processes.py: several on one port, sharing its socket), one
 # worker per visible GPU (one CPU worker when none), Celery and the metering writer, restarting a
 # child that dies, and the embedded Redis and Postgres the same way. Ctrl-C / SIGTERM drains the
 # API and the workers together (in-flight work finishes until drain_timeout_s, the API relaying
@@ -15,10 +16,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetlm.api_processes import ApiListeners, num_api_processes, open_listeners
 from fleetlm.worker_cmd import add_engine_flags, engine_flag_values
 
 if TYPE_CHECKING:
@@ -86,10 +89,16 @@ class Child:
     env: dict[str, str]
     proc: subprocess.Popen | None = None
     restarts: list[float] | None = None
+    pass_fds: tuple[int, ...] = ()  # inherited sockets (the API's listeners)
+    on_exit: Callable[[int], None] | None = None  # called with the pid of a process that died
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True
+            self.argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            pass_fds=self.pass_fds,
         )
 
     def terminate(self) -> None:
@@ -163,15 +172,25 @@ def cpu_torch_threads(settings: Settings, num_workers: int) -> tuple[int, str]:
 
 
 def _children(
-    args: argparse.Namespace, settings: Settings, env: dict[str, str]
+    args: argparse.Namespace, settings: Settings, env: dict[str, str], api: ApiListeners
 ) -> tuple[list[Child], str]:
-    """The API first, then the workers, Celery, and the metering writer last. On the way out the
-    API and the workers drain together, then the rest stop (the writer writes what the workers
-    metered). Also says what the workers run on."""
+    """The API processes first, then the workers, Celery, and the metering writer last. On the
+    way out the API and the workers drain together, then the rest stop (the writer writes what
+    the workers metered). Also says what the workers run on."""
     from workers.tp_group import visible_devices, worker_gpu_groups
 
     cli = [sys.executable, "-m", "fleetlm.cli"]
-    children = [Child("api", [*cli, "api"], env)]
+    num_api = num_api_processes(settings)
+    children = [
+        Child(
+            "api" if num_api == 1 else f"api-{i}",
+            [*cli, "api", *api.argv()],
+            api.env(env),
+            pass_fds=api.fds,
+            on_exit=api.process_exited,
+        )
+        for i in range(num_api)
+    ]
     num_gpus = count_gpus()
     # A worker is a tensor-parallel group: rank 0's process, which starts the other ranks.
     try:
@@ -237,6 +256,8 @@ def _supervise(children: list[Child], services: EmbeddedServices, stop: StopRequ
                 file=sys.stderr,
                 flush=True,
             )
+            if child.on_exit is not None:
+                child.on_exit(child.proc.pid)
             child.start()
     return 0
 
@@ -250,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     stop = _stop_on_signals()
     services = EmbeddedServices(data_dir)
     children: list[Child] = []
+    api: ApiListeners | None = None
     try:
         services.start(redis=not settings.redis_url, postgres=not settings.database_url)
         redis_url = settings.redis_url or services.redis_url
@@ -266,7 +288,11 @@ def run(args: argparse.Namespace) -> int:
             FLEETLM_DATA_DIR=str(data_dir),
         )
         env.update({f"FLEETLM_{k.upper()}": str(v) for k, v in engine_flag_values(args).items()})
-        children, workers = _children(args, settings, env)
+        try:
+            api = open_listeners(settings, data_dir, num_api_processes(settings))
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"fleetlm serve: cannot listen on {settings.port}: {exc}") from None
+        children, workers = _children(args, settings, env, api)
         for child in children:
             child.start()
         base = f"http://{settings.host}:{settings.port}"
@@ -274,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetlm: serving {settings.model_name} at {base}/v1", flush=True)
         print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
         print(f"fleetlm: admin key in {data_dir / 'operator-key'}", flush=True)
+        num_api = sum(c.name.startswith("api") for c in children)
+        print(f"fleetlm: {num_api} API process(es) on the port", flush=True)
         print(f"fleetlm: {workers}; Ctrl-C stops everything", flush=True)
         return _supervise(children, services, stop)
     finally:
@@ -281,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # The API and the workers drain at once (each ends what is left at drain_timeout_s);
         # then Celery, and the writer last, so it writes what the workers metered.
-        serving = [c for c in children if c.name == "api" or c.name.startswith("worker-")]
+        serving = [c for c in children if c.name.startswith(("api", "worker-"))]
         for child in serving:
             child.terminate()
         deadline = time.monotonic() + settings.drain_timeout_s + DRAIN_GRACE_S
@@ -293,5 +321,7 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + DRAIN_GRACE_S
         for child in rest:
             child.wait(deadline)
+        if api is not None:
+            api.close()
         services.stop()
         print("fleetlm: stopped", flush=True)

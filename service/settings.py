@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     # -- API -------------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000
+    # `fleetlm serve`'s API processes on the one port (docs/serving.md#api-processes); 0: one
+    # per four cores, at most four. Each relays its own clients' streams.
+    api_processes: int = Field(0, ge=0, le=64)
     max_queue_len: int = 1024  # per priority: requests queued or running before 503
     queue_retry_after_s: int = 1
     output_ttl_s: int = 300  # output streams expire this long after their last event

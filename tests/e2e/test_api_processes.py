@@ -1,0 +1,102 @@
+# `fleetlm serve` with two API processes on one port (fleetlm/api_processes.py): each serves
+# streams on its own (the other one stopped with SIGSTOP, so the kernel can only hand new
+# connections to it), /metrics from either reports the sum over both, and one killed with SIGKILL
+# is restarted while the other keeps the port answering; its counts stay in the sum.
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import start_server
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+PER_PHASE = 3
+
+
+def api_pids(serve_pid: int) -> list[int]:
+    """The `fleetlm api` children of this `fleetlm serve`, by their inherited-socket flag."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if ppid == serve_pid and b"api" in argv and b"--listen-fds" in argv:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def stream_one(server, client: httpx.Client, prompt: str) -> int:
+    """One streamed completion; returns its number of content chunks."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "stream": True, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {server.key}"}
+    chunks = 0
+    with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks += bool(json.loads(line[6:])["choices"])
+    return chunks
+
+
+def admissions(server) -> float:
+    r = httpx.get(
+        server.base_url + "/metrics",
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=10,
+    )
+    r.raise_for_status()
+    found = re.findall(r'^fleetlm:admissions_total\{[^}]*tenant="demo"[^}]*\} (\S+)$', r.text, re.M)
+    return sum(float(v) for v in found)
+
+
+def phase(server, label: str) -> None:
+    # A fresh client per phase: new connections, accepted by whichever process may accept.
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        for i in range(PER_PHASE):
+            assert stream_one(server, client, f"{label} {i}") == 8
+
+
+def test_two_api_processes_share_the_port(tmp_path):
+    server = start_server(tmp_path / "data", workers=None, env={"FLEETLM_API_PROCESSES": "2"})
+    try:
+        pids = wait_until(
+            lambda: (p := api_pids(server.proc.pid)) and len(p) == 2 and p, 30, "two API pids"
+        )
+        assert "2 API process(es)" in server.log()
+        # Each process alone: the other is stopped, so only one can accept the connections.
+        for stopped in pids:
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                phase(server, f"without {stopped}")
+            finally:
+                os.kill(stopped, signal.SIGCONT)
+        # Either process's /metrics sums both: every admission so far.
+        wait_until(lambda: admissions(server) == 2 * PER_PHASE, 20, "summed admissions")
+
+        victim, survivor = pids
+        os.kill(victim, signal.SIGKILL)
+        phase(server, "after the kill")  # the port answers meanwhile
+        restarted = wait_until(
+            lambda: (p := api_pids(server.proc.pid)) and len(p) == 2 and victim not in p and p,
+            60,
+            "the killed API process to be restarted",
+        )
+        assert survivor in restarted
+        assert re.search(r"api-\d exited \(-9\); restarting", server.log())
+        # The dead process's counts stay in the sum.
+        wait_until(lambda: admissions(server) == 3 * PER_PHASE, 20, "admissions after a kill")
+    finally:
+        rc = server.stop()
+    assert rc == 0, server.log()
