@@ -90,8 +90,13 @@ def bind_listeners(settings: Settings) -> list[socket.socket]:
     so `fleetlm serve` can bind them once and hand them to each of its API processes."""
     if settings.metrics_port and settings.metrics_port == settings.port:
         raise ValueError("FLEETLM_METRICS_PORT must differ from FLEETLM_PORT")
-    ports = [settings.port] + ([settings.metrics_port] if settings.metrics_port else [])
-    return [uvicorn.Config("", host=settings.host, port=port).bind_socket() for port in ports]
+    sockets = []
+    for port in [settings.port] + ([settings.metrics_port] if settings.metrics_port else []):
+        config = uvicorn.Config("", host=settings.host, port=port)
+        sock = config.bind_socket()
+        sock.listen(config.backlog)  # from now on, not from the first API process's start
+        sockets.append(sock)
+    return sockets
 
 
 def listeners(

@@ -172,7 +172,10 @@ def cpu_torch_threads(settings: Settings, num_workers: int) -> tuple[int, str]:
 
 
 def _children(
-    args: argparse.Namespace, settings: Settings, env: dict[str, str], api: ApiListeners
+    args: argparse.Namespace,
+    settings: Settings,
+    env: dict[str, str],
+    api: ApiListeners | None = None,  # None: each API process binds the port itself
 ) -> tuple[list[Child], str]:
     """The API processes first, then the workers, Celery, and the metering writer last. On the
     way out the API and the workers drain together, then the rest stop (the writer writes what
@@ -184,10 +187,10 @@ def _children(
     children = [
         Child(
             "api" if num_api == 1 else f"api-{i}",
-            [*cli, "api", *api.argv()],
-            api.env(env),
-            pass_fds=api.fds,
-            on_exit=api.process_exited,
+            [*cli, "api", *(api.argv() if api else [])],
+            api.env(env) if api else env,
+            pass_fds=api.fds if api else (),
+            on_exit=api.process_exited if api else None,
         )
         for i in range(num_api)
     ]

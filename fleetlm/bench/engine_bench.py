@@ -65,6 +65,11 @@ def run_workload(
                 rec.num_cached = d.usage.cached_tokens
                 if d.first_token_time is not None and rec.first_token_s is None:
                     rec.first_token_s = d.first_token_time - t0
+                    # The engine is all server: its queue and TTFT from the request's arrival,
+                    # to set beside a served run's (fleetlm/bench/latency.py).
+                    rec.server_ttft_s = rec.first_token_s - rec.arrival_s
+                    if d.first_scheduled_time is not None:
+                        rec.server_queue_s = d.first_scheduled_time - t0 - rec.arrival_s
                 if d.finished:
                     rec.finish_s = d.finish_time - t0
                     rec.status = "ok" if d.finish_reason == "length" else f"error:{d.finish_reason}"

@@ -38,16 +38,24 @@ def api_pids(serve_pid: int) -> list[int]:
 
 
 def stream_one(server, client: httpx.Client, prompt: str) -> int:
-    """One streamed completion; returns its number of content chunks."""
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "stream": True, "ignore_eos": True}
+    """One streamed completion; returns its completion tokens from the trailing usage chunk."""
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
     headers = {"Authorization": f"Bearer {server.key}"}
-    chunks = 0
+    usage = None
     with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                chunks += bool(json.loads(line[6:])["choices"])
-    return chunks
+                usage = json.loads(line[6:]).get("usage") or usage
+    assert usage is not None
+    return usage["completion_tokens"]
 
 
 def admissions(server) -> float:
