@@ -11,7 +11,7 @@ case "${1:-}" in
   start)
     shift
     mkdir -p "$JOBS"
-    rm -f "$JOBS/rc"
+    rm -rf "$JOBS/rc" "$JOBS/tree" "$JOBS/results"  # a warm machine keeps the last job's
     cp -r "$PWD" "$JOBS/tree"  # the call's working tree may go away when it ends
     (cd "$JOBS/tree" && setsid bash -c "JOBS=$JOBS bash $*; echo \$? > $JOBS/rc" \
       > "$JOBS/job.log" 2>&1 < /dev/null &)

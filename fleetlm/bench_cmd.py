@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     e.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (one process each)")
     e.add_argument(
-        "--overlap", choices=("off", "on", "both"), default="off",
-        help="overlapped scheduling (docs/serving.md); both: off then on, compared",
+        "--overlap", choices=("auto", "off", "on", "both"), default="auto",
+        help="overlapped scheduling (docs/serving.md); auto: the engine's default, as served "
+        "(on for one GPU without speculation); both: off then on, compared",
     )  # fmt: skip
     e.add_argument("--json", default=None, help="write the results here")
     e.set_defaults(func=run)
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
             model=args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
             quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-            tensor_parallel_size=args.tensor_parallel_size, overlap_scheduling=args.overlap == "on",
+            tensor_parallel_size=args.tensor_parallel_size,
+            overlap_scheduling={"auto": None, "off": False}.get(args.overlap, True),
         )
     )  # fmt: skip
     try:
@@ -60,13 +62,15 @@ def _bench(args: argparse.Namespace, engine) -> int:
     vocab = engine.model_config.vocab_size
     room = engine.max_model_len
     runs: dict[str, dict] = {}
-    modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
+    # None: leave the engine's own setting.
+    modes = {"auto": [None], "off": [False], "on": [True], "both": [False, True]}[args.overlap]
     if args.workload == "nano":
         reqs = nano(args.num_requests or 256, vocab=vocab)
         _fit(reqs, room)
         run_workload(engine, reqs, detokenize=args.detokenize)  # untimed: compiles kernels
         for overlap in modes:
-            engine.set_overlap_scheduling(overlap)
+            if overlap is not None:
+                engine.set_overlap_scheduling(overlap)
             engine.block_manager.reset_prefix_cache()
             name = "all_at_once" + ("+overlap" if overlap and len(modes) > 1 else "")
             runs[name] = run_workload(engine, reqs, detokenize=args.detokenize)
@@ -82,7 +86,8 @@ def _bench(args: argparse.Namespace, engine) -> int:
             reqs = generate(SEED_TRAFFIC, vocab=vocab, seed=2, rate=rate, num_requests=n, **fit)
             _fit(reqs, room)
             for overlap in modes:
-                engine.set_overlap_scheduling(overlap)
+                if overlap is not None:
+                    engine.set_overlap_scheduling(overlap)
                 engine.block_manager.reset_prefix_cache()
                 result = run_workload(engine, reqs, detokenize=args.detokenize)
                 result["rate_req_s"] = rate
