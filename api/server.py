@@ -15,6 +15,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service.settings import Settings
 
+LISTEN_BACKLOG = 2048  # uvicorn's default
+
 
 def http_protocol_base() -> type[asyncio.Protocol]:
     try:
@@ -90,12 +92,20 @@ def bind_listeners(settings: Settings) -> list[socket.socket]:
     so `fleetlm serve` can bind them once and hand them to each of its API processes."""
     if settings.metrics_port and settings.metrics_port == settings.port:
         raise ValueError("FLEETLM_METRICS_PORT must differ from FLEETLM_PORT")
-    sockets = []
-    for port in [settings.port] + ([settings.metrics_port] if settings.metrics_port else []):
-        config = uvicorn.Config("", host=settings.host, port=port)
-        sock = config.bind_socket()
-        sock.listen(config.backlog)  # from now on, not from the first API process's start
-        sockets.append(sock)
+    sockets: list[socket.socket] = []
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        for port in [settings.port] + ([settings.metrics_port] if settings.metrics_port else []):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((settings.host, port))  # OSError when taken (uvicorn's own bind would exit)
+            sock.listen(LISTEN_BACKLOG)  # from now on, not from the first API process's start
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
     return sockets
 
 

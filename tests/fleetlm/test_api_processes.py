@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from fleetlm import serve_cmd
 from fleetlm.api_processes import num_api_processes, open_listeners
 from fleetlm.cli import build_parser
@@ -53,3 +55,12 @@ def test_one_api_process_needs_no_metrics_directory(tmp_path):
         assert not (tmp_path / "api-metrics").exists()
     finally:
         api.close()
+
+
+def test_a_busy_port_is_refused_before_any_process_starts(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = Settings(_env_file=None, port=taken.getsockname()[1], api_processes=2)
+        with pytest.raises(OSError):
+            open_listeners(settings, tmp_path, 2)
