@@ -19,6 +19,11 @@ EXPECTED = {"migrate", "api", "worker", "metering", "celery"}
 SERVICES = {"postgres", "redis", "migrate", "api", "gpu-worker", "metering", "celery-worker",
             "celery-beat", "prometheus", "grafana"}  # fmt: skip
 EXPORTED = re.compile(r"\b(vllm|fleetlm):[a-z0-9_]+")
+# Read from Redis at scrape time by every API replica (api/metrics.py _fleet_families).
+FLEET_WIDE = (
+    "fleetlm:queue_depth", "fleetlm:queue_in_progress", "fleetlm:workers_live",
+    "fleetlm:metering_lag_seconds", "fleetlm:worker_heartbeat_age_seconds",
+)  # fmt: skip
 
 
 def assert_fleetlm_command(argv: list[str]) -> None:
@@ -76,8 +81,20 @@ def test_k8s_manifests_parse_and_run_fleetlm_subcommands():
     assert used == EXPECTED
     scaled = next(d for d in docs if d["kind"] == "ScaledObject")
     assert scaled["spec"]["scaleTargetRef"]["name"] == "fleetlm-gpu-worker"
-    streams = {t["metadata"]["stream"] for t in scaled["spec"]["triggers"]}
-    assert streams == {"fleetlm:q:interactive", "fleetlm:q:batch"}
+    # Prometheus triggers on the fleet-wide queue gauges (they count the routed queues too),
+    # max over the API replicas that all report the same value.
+    triggers = scaled["spec"]["triggers"]
+    assert {t["type"] for t in triggers} == {"prometheus"}
+    names = exported_names()
+    queried = set()
+    for t in triggers:
+        query = t["metadata"]["query"]
+        assert query.startswith("max(") and float(t["metadata"]["threshold"]) > 0, query
+        series = [m.group(0) for m in EXPORTED.finditer(query)]
+        assert series and set(series) <= names, query
+        queried |= {(s, p) for s in series for p in re.findall(r'priority="(\w+)"', query)}
+    assert {("fleetlm:queue_depth", "interactive"), ("fleetlm:queue_depth", "batch"),
+            ("fleetlm:queue_in_progress", "interactive")} <= queried  # fmt: skip
 
 
 def exported_names() -> set[str]:
@@ -103,6 +120,10 @@ def test_dashboard_and_alerts_use_exported_series():
         for m in EXPORTED.finditer(expr):
             series = re.sub(r"_(total|bucket|count|sum)$", "", m.group(0))
             assert series in names, f"{m.group(0)} in {expr!r}"
+    # The fleet's Redis-side gauges are the same on every API replica: never summed over them.
+    fleet_wide = "|".join(FLEET_WIDE)
+    for expr in exprs:
+        assert not re.search(rf"sum[^(]*\(\s*({fleet_wide})\b", expr), expr
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
     for wanted in ("queue depth", "kv cache", "ttft", "tpot", "tokens/s", "preemptions", "429",
                    "metering lag"):  # fmt: skip
