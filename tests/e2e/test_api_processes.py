@@ -1,13 +1,15 @@
 # `fleetlm serve` with two API processes on one port (fleetlm/api_processes.py): each serves
 # streams on its own (the other one stopped with SIGSTOP, so the kernel can only hand new
-# connections to it), /metrics from either reports the sum over both, and one killed with SIGKILL
-# is restarted while the other keeps the port answering; its counts stay in the sum.
+# connections to it), /metrics from either reports the sum over both, one killed with SIGKILL is
+# restarted while the other keeps the port answering (its counts stay in the sum), and on SIGTERM
+# both finish the streams they relay before `serve` exits.
 from __future__ import annotations
 
 import json
 import os
 import re
 import signal
+import threading
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,7 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.timeout(240)
 
 PER_PHASE = 3
+DRAIN_TOKENS = 1200  # seconds of streaming on CPU: still running when SIGTERM lands
 
 
 def api_pids(serve_pid: int) -> list[int]:
@@ -108,3 +111,61 @@ def test_two_api_processes_share_the_port(tmp_path):
     finally:
         rc = server.stop()
     assert rc == 0, server.log()
+
+
+def test_both_processes_drain_their_streams_on_sigterm(tmp_path):
+    env = {"FLEETLM_API_PROCESSES": "2", "FLEETLM_DRAIN_DELAY_S": "0.5"}
+    server = start_server(tmp_path / "data", workers=None, env=env)
+    results: dict[int, int | BaseException] = {}
+    opened: dict[int, threading.Event] = {}
+
+    def stream(pid: int) -> None:
+        body = {
+            "model": "tiny",
+            "prompt": f"drain {pid}",
+            "max_tokens": DRAIN_TOKENS,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+        headers = {"Authorization": f"Bearer {server.key}"}
+        usage = None
+        try:
+            with (
+                httpx.Client(base_url=server.base_url, timeout=120) as client,
+                client.stream("POST", "/v1/completions", json=body, headers=headers) as r,
+            ):
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        opened[pid].set()
+                        usage = json.loads(line[6:]).get("usage") or usage
+            results[pid] = usage["completion_tokens"] if usage else 0
+        except BaseException as exc:  # reported by the main thread
+            results[pid] = exc
+            opened[pid].set()
+
+    try:
+        pids = wait_until(
+            lambda: (p := api_pids(server.proc.pid)) and len(p) == 2 and p, 30, "two API pids"
+        )
+        threads = []
+        # One stream per process: the other is stopped while the stream's connection is taken.
+        for stopped, serving in (pids, pids[::-1]):
+            opened[serving] = threading.Event()
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                thread = threading.Thread(target=stream, args=(serving,), daemon=True)
+                thread.start()
+                threads.append(thread)
+                assert opened[serving].wait(60), "the stream did not start"
+            finally:
+                os.kill(stopped, signal.SIGCONT)
+        assert not results, results  # both still streaming
+        server.proc.send_signal(signal.SIGTERM)  # both API processes drain while streaming
+        for thread in threads:
+            thread.join(timeout=120)
+        assert results == {pid: DRAIN_TOKENS for pid in pids}, results
+        assert server.proc.wait(timeout=60) == 0, server.log()
+    finally:
+        server.stop()
