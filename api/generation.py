@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from api.drain import Drain
 from api.metrics import ADMISSIONS, REJECTIONS, ROUTED
 from api.relay import relay_events
-from api.sse import ChunkTemplate, EventStreamResponse, Peer, sse
+from api.sse import ChunkTemplate, EventStreamResponse, Peer, attach_peer, sse
 from api.state import AppState
 from metering import ratelimit as rl
 from metering.keys import Principal
@@ -85,7 +85,7 @@ async def generate(
     headers["x-request-id"] = queued.request_id
     if stream:
         usage = ChunkUsage(include_usage, continuous_usage, len(queued.prompt_token_ids))
-        peer = Peer()
+        peer = attach_peer(request.scope)
         body = _stream(peer, state, queued.request_id, fmt, usage, drain)
         headers["cache-control"] = "no-cache"
         return EventStreamResponse(body, peer, headers)
@@ -133,6 +133,8 @@ async def _stream(
                     else:
                         yield sse(fmt.chunk(text, None) | usage.field())
                     # Sent, unless the connection closed meanwhile (then the send did nothing).
+                    # One turn of the event loop lets a hang-up on the wire reach `peer`.
+                    await asyncio.sleep(0)
                     if peer.gone:
                         break
                 delivered = event["completion_tokens"]

@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from api.sse import mark_gone
 from service.settings import Settings
 
 LISTEN_BACKLOG = 2048  # uvicorn's default
@@ -51,6 +52,8 @@ class HeaderDeadline:
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
+        if self.cycle is not None and not self.cycle.response_complete:
+            mark_gone(self.cycle.scope)  # a stream sees it at its next chunk (api/sse.py)
         super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm_header_deadline(self) -> None:

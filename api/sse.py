@@ -4,11 +4,15 @@
 #
 # Per relayed token the API used to build the chunk dict, JSON-encode all of it and ask Starlette
 # whether the client was still there (a cancelled receive under a fresh cancel scope, ~15 % of
-# the API process's CPU at load). The template encodes only the text; the disconnect is a flag the
-# response's own disconnect listener sets.
+# the API process's CPU at load). The template encodes only the text; the disconnect is a flag
+# (`Peer`) kept in the request's ASGI scope, which our HTTP protocol sets the moment the
+# connection is lost (api/server.py) and the response's disconnect listener sets too (any
+# other server). The stream yields to the event loop once per chunk before reading it, so a
+# hang-up is noticed within a chunk or two even when the relay has a burst of tokens ready.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +49,29 @@ class ChunkTemplate:
         return self.head + json.dumps(text) + self.tail
 
 
+PEER_SCOPE_KEY = "fleetlm.peer"
+
+
 @dataclass(slots=True)
 class Peer:
     """The streaming client, as the response sees it: `gone` once its disconnect arrived."""
 
     gone: bool = False
+
+
+def attach_peer(scope: MutableMapping[str, Any]) -> Peer:
+    """The request's Peer, kept in its scope (the dict the HTTP protocol's cycle holds too)."""
+    peer = scope.get(PEER_SCOPE_KEY)
+    if peer is None:
+        peer = scope[PEER_SCOPE_KEY] = Peer()
+    return peer
+
+
+def mark_gone(scope: Mapping[str, Any] | None) -> None:
+    """Called by the HTTP protocol when the connection is lost."""
+    peer = scope.get(PEER_SCOPE_KEY) if scope is not None else None
+    if peer is not None:
+        peer.gone = True
 
 
 class EventStreamResponse(StreamingResponse):
