@@ -108,11 +108,12 @@ async def _stream(
     delivered = 0  # output tokens whose text was handed to the client
     # Counted from the first chunk: a body never iterated must not hold a drain open.
     drain.opened()
-    # Content chunks: only the text is encoded per token (api/sse.py), unless every chunk
-    # carries its own usage.
-    template = None
-    if not usage.continuous:
-        template = ChunkTemplate(fmt.chunk(ChunkTemplate.text_mark(), None) | usage.field())
+
+    def content(text: str) -> dict[str, Any]:
+        return fmt.chunk(text, None) | usage.field()
+
+    # Only the text is encoded per token (api/sse.py), unless every chunk has its own usage.
+    template = None if usage.continuous else ChunkTemplate(content)
     try:
         if fmt.first_chunk is not None:
             yield sse(fmt.first_chunk | usage.field())
@@ -128,10 +129,7 @@ async def _stream(
             usage.update(event)
             if kind == "delta":
                 if text:
-                    if template is not None:
-                        yield template.event(text)
-                    else:
-                        yield sse(fmt.chunk(text, None) | usage.field())
+                    yield template.event(text) if template else sse(content(text))
                     # Sent, unless the connection closed meanwhile (then the send did nothing).
                     # One turn of the event loop lets a hang-up on the wire reach `peer`.
                     await asyncio.sleep(0)

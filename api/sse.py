@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,21 +29,17 @@ def sse(obj: dict[str, Any] | str) -> str:
 
 
 class ChunkTemplate:
-    """The SSE event of a content chunk without a finish reason, for one request: everything but
-    the text encoded once. `event(text)` equals `sse(chunk(text))` byte for byte."""
+    """The SSE event of a content chunk, for one request: everything but the text encoded once.
+    `event(text)` equals `sse(chunk(text))` byte for byte."""
 
     __slots__ = ("head", "tail")
 
-    def __init__(self, chunk: dict[str, Any]) -> None:
-        # chunk: the request's content chunk with the text set to _MARK
-        head, _, tail = sse(chunk).partition(_QUOTED_MARK)
+    def __init__(self, chunk: Callable[[str], dict[str, Any]]) -> None:
+        # chunk(text): the request's content chunk, the same but for the text
+        head, _, tail = sse(chunk(_MARK)).partition(_QUOTED_MARK)
         if not tail or _QUOTED_MARK in tail:
-            raise ValueError("the chunk must hold the text mark exactly once")
+            raise ValueError("the chunk must hold its text exactly once")
         self.head, self.tail = head, tail
-
-    @staticmethod
-    def text_mark() -> str:
-        return _MARK
 
     def event(self, text: str) -> str:
         return self.head + json.dumps(text) + self.tail

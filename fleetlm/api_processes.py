@@ -32,6 +32,7 @@ def num_api_processes(settings: Settings) -> int:
 
 @dataclass
 class ApiListeners:
+    num_processes: int
     sockets: list[socket.socket]  # the API port's, then the metrics port's (kept open here)
     metrics_dir: Path | None  # prometheus_client's multiprocess directory (None: one process)
 
@@ -67,4 +68,4 @@ def open_listeners(settings: Settings, data_dir: Path, num_processes: int) -> Ap
         metrics_dir = data_dir / "api-metrics"
         shutil.rmtree(metrics_dir, ignore_errors=True)  # counters start at zero with the server
         metrics_dir.mkdir(parents=True)
-    return ApiListeners(bind_listeners(settings), metrics_dir)
+    return ApiListeners(num_processes, bind_listeners(settings), metrics_dir)

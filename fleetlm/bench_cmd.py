@@ -7,6 +7,12 @@ import argparse
 import json
 import sys
 
+# --overlap: the engine's overlap_scheduling for each run of a workload (None: the engine's own
+# default, as served).
+OVERLAP_MODES: dict[str, list[bool | None]] = {
+    "auto": [None], "off": [False], "on": [True], "both": [False, True],
+}  # fmt: skip
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from fleetlm import bench_serve_cmd
@@ -46,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
             quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
             tensor_parallel_size=args.tensor_parallel_size,
-            overlap_scheduling={"auto": None, "off": False}.get(args.overlap, True),
+            overlap_scheduling=OVERLAP_MODES[args.overlap][0],
         )
     )  # fmt: skip
     try:
@@ -62,8 +68,7 @@ def _bench(args: argparse.Namespace, engine) -> int:
     vocab = engine.model_config.vocab_size
     room = engine.max_model_len
     runs: dict[str, dict] = {}
-    # None: leave the engine's own setting.
-    modes = {"auto": [None], "off": [False], "on": [True], "both": [False, True]}[args.overlap]
+    modes = OVERLAP_MODES[args.overlap]
     if args.workload == "nano":
         reqs = nano(args.num_requests or 256, vocab=vocab)
         _fit(reqs, room)

@@ -175,7 +175,7 @@ def _children(
     args: argparse.Namespace,
     settings: Settings,
     env: dict[str, str],
-    api: ApiListeners | None = None,  # None: each API process binds the port itself
+    api: ApiListeners | None = None,  # None: one API process that binds the port itself
 ) -> tuple[list[Child], str]:
     """The API processes first, then the workers, Celery, and the metering writer last. On the
     way out the API and the workers drain together, then the rest stop (the writer writes what
@@ -183,7 +183,7 @@ def _children(
     from workers.tp_group import visible_devices, worker_gpu_groups
 
     cli = [sys.executable, "-m", "fleetlm.cli"]
-    num_api = num_api_processes(settings)
+    num_api = api.num_processes if api else 1
     children = [
         Child(
             "api" if num_api == 1 else f"api-{i}",
@@ -303,8 +303,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetlm: serving {settings.model_name} at {base}/v1", flush=True)
         print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
         print(f"fleetlm: admin key in {data_dir / 'operator-key'}", flush=True)
-        num_api = sum(c.name.startswith("api") for c in children)
-        print(f"fleetlm: {num_api} API process(es) on the port", flush=True)
+        print(f"fleetlm: {api.num_processes} API process(es) on the port", flush=True)
         print(f"fleetlm: {workers}; Ctrl-C stops everything", flush=True)
         return _supervise(children, services, stop)
     finally:

@@ -20,7 +20,7 @@ FORMATTERS = [
 @pytest.mark.parametrize("fmt", FORMATTERS, ids=["completions", "chat"])
 @pytest.mark.parametrize("usage_field", [{}, {"usage": None}], ids=["no-usage", "usage-null"])
 def test_template_matches_generic_encoding(fmt, usage_field):
-    template = ChunkTemplate(fmt.chunk(ChunkTemplate.text_mark(), None) | usage_field)
+    template = ChunkTemplate(lambda text: fmt.chunk(text, None) | usage_field)
     for text in TEXTS:
         event = template.event(text)
         assert event == sse(fmt.chunk(text, None) | usage_field)
@@ -30,10 +30,9 @@ def test_template_matches_generic_encoding(fmt, usage_field):
         assert content == text
 
 
-def test_template_needs_the_mark_once():
+def test_template_needs_the_text_once():
     fmt = CompletionFormatter("cmpl-1", "tiny")
     with pytest.raises(ValueError):
-        ChunkTemplate(fmt.chunk("no mark", None))
-    doubled = fmt.chunk(ChunkTemplate.text_mark(), None) | {"x": ChunkTemplate.text_mark()}
+        ChunkTemplate(lambda text: fmt.chunk("no text", None))
     with pytest.raises(ValueError):
-        ChunkTemplate(doubled)
+        ChunkTemplate(lambda text: fmt.chunk(text, None) | {"x": text})
