@@ -532,7 +532,7 @@ class Bench:
             lambda: self.dense.dense_prefill_attention(*args, out=out),
             note=str(self.dense.default_config(self.dtype, D)))  # fmt: skip
         for cfg in sweep:
-            label = "dense " + "/".join(str(x) for x in cfg[:4]) + (" tma" if cfg.tma else "")
+            label = "dense " + self.dense.config_label(cfg)
             add("dense_prefill_attention", label,
                 lambda cfg=cfg: self.dense.dense_prefill_attention(*args, out=out, config=cfg),
                 note="BLOCK_M/BLOCK_N/num_warps/num_stages")  # fmt: skip

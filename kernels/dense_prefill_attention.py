@@ -28,6 +28,8 @@
 #   and sequence, and the cheap first tiles fill the tail of the last wave.
 # * Fixed launch configuration (no autotuning): deterministic, and safe to capture in a CUDA
 #   graph; the grid depends only on host ints. kernel_bench.py sweeps the alternatives.
+# * Variants by PrefillConfig: tma (above), maxnreg (a register cap: 128 fits two 8-warp programs
+#   per SM).
 from typing import NamedTuple
 
 import torch
@@ -44,6 +46,7 @@ from kernels._launch import (
     check_tensor,
     dot_config,
     host_int,
+    interpreting,
     output_buffer,
 )
 from kernels.paged_prefill_attention import LOG2E, _attend_tile
@@ -283,6 +286,14 @@ class PrefillConfig(NamedTuple):
     num_warps: int
     num_stages: int  # software-pipelining depth of the key loops
     tma: bool = False  # unmasked chunk tiles through host tensor descriptors (bulk tensor copy)
+    maxnreg: int | None = None  # registers per thread; 128 with 8 warps: two programs per SM
+
+
+def config_label(cfg: PrefillConfig) -> str:
+    """BLOCK_M/BLOCK_N/num_warps/num_stages and the variant's flags, e.g. '128/64/8/4 tma'."""
+    flags = [" tma"] if cfg.tma else []
+    flags += [f" r{cfg.maxnreg}"] if cfg.maxnreg else []
+    return "/".join(str(x) for x in cfg[:4]) + "".join(flags)
 
 
 # 16-bit with head_dim <= 128 on sm_90: two warpgroups of wgmma over 128 rows, 64-key tiles,
@@ -300,6 +311,12 @@ CONFIGS_TO_SWEEP = [
     # 64-row tiles: two programs per multiprocessor fit in registers and shared memory
     PrefillConfig(64, 64, 4, 2), PrefillConfig(64, 64, 4, 3), PrefillConfig(64, 64, 4, 3, True),
     PrefillConfig(64, 128, 4, 2, True),
+    # two stages: fewer registers (ptxas: 208 with the copy engine, 227 without, no spills)
+    PrefillConfig(128, 64, 8, 2), PrefillConfig(128, 64, 8, 2, True),
+    # 128 registers: two 8-warp programs per multiprocessor, one's softmax beside the other's
+    # wgmma (32-key tiles: the only width that fits without spills or serialized wgmma)
+    PrefillConfig(128, 32, 8, 2, True, 128), PrefillConfig(128, 32, 8, 3, True, 128),
+    PrefillConfig(128, 32, 8, 2, False, 128),
 ]  # fmt: skip
 
 
@@ -372,16 +389,15 @@ def dense_prefill_attention(
     check_launchable(q)
 
     group = num_heads // num_kv_heads
-    rows = max_query_len * group  # (query, group head) rows of the longest chunk
     upcast, precision = dot_config(q.dtype)
-    BLOCK_M, BLOCK_N, num_warps, num_stages, tma = config or default_config(q.dtype, head_dim)
-    if config is None and rows < BLOCK_M:  # short chunks: small tiles
-        BLOCK_M = max(16, triton.next_power_of_2(rows))
-        num_warps = 4 if BLOCK_M < 128 else num_warps
+    cfg = config or default_config(q.dtype, head_dim)
+    if config is None:
+        cfg = _short_tiles(cfg, max_query_len * group)
+    BLOCK_M, BLOCK_N, num_warps, num_stages, tma = cfg[:5]
     k_desc = v_desc = None
     if tma and tma_ready(k) and tma_ready(v):
         k_desc, v_desc = _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N)
-    grid = (num_kv_heads, num_seqs, triton.cdiv(rows, BLOCK_M))
+    grid = (num_kv_heads, num_seqs, triton.cdiv(max_query_len * group, BLOCK_M))
     _dense_prefill_kernel[grid](
         q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, k_desc, v_desc,
         float(scale) * LOG2E,
@@ -391,6 +407,18 @@ def dense_prefill_attention(
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         USE_TMA=k_desc is not None, UPCAST_DOT=upcast, DOT_PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **_maxnreg(cfg),
     )  # fmt: skip
     return out
+
+
+def _short_tiles(cfg: PrefillConfig, rows: int) -> PrefillConfig:
+    """Short chunks (fewer (query, group head) rows than a tile): small tiles."""
+    if rows >= cfg.block_m:
+        return cfg
+    block_m = max(16, triton.next_power_of_2(rows))
+    return cfg._replace(block_m=block_m, num_warps=4 if block_m < 128 else cfg.num_warps)
+
+
+def _maxnreg(cfg: PrefillConfig) -> dict:
+    return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}

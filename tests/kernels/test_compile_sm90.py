@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kernels.dense_prefill_attention import CONFIG_16BIT
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,3 +49,12 @@ def test_kernels_compile_for_sm90():
     assert "_dense_prefill_kernel" in names
     # the dense prefill path's TMA configs load K/V through the copy engine
     assert any(r["tma_loads"] for r in results if r["kernel"] == "_dense_prefill_kernel")
+    # the default dense config keeps its wgmma chains asynchronous (no ptxas C751x note)
+    cfg = CONFIG_16BIT
+    default = [
+        r for r in results
+        if r["kernel"] == "_dense_prefill_kernel" and r["constexprs"]["HEAD_DIM"] == "128"
+        and (r["constexprs"]["BLOCK_M"], r["constexprs"]["BLOCK_N"]) == (str(cfg[0]), str(cfg[1]))
+        and (r["num_warps"], r["num_stages"]) == (cfg.num_warps, cfg.num_stages)
+    ]  # fmt: skip
+    assert default and not any(r["wgmma_serialized"] for r in default), default

@@ -9,6 +9,7 @@ import torch
 from kernels.dense_prefill_attention import (
     CONFIGS_TO_SWEEP,
     PrefillConfig,
+    config_label,
     dense_prefill_attention,
     dense_prefill_attention_ref,
 )
@@ -26,9 +27,12 @@ from tests.kernels.kernel_test_utils import (
 )
 
 # Small tiles under the interpreter: several full and diagonal tiles per program, and both load
-# paths (pointers, and the host tensor descriptors of the copy engine).
+# paths (pointers, and the host tensor descriptors of the copy engine); the register cap (a
+# compile option: the same kernel under the interpreter).
 SMALL = PrefillConfig(32, 16, 4, 2)
 SMALL_TMA = PrefillConfig(32, 16, 4, 2, True)
+SMALL_R128 = PrefillConfig(32, 16, 4, 2, True, maxnreg=128)
+SMALL_CONFIGS = [None, SMALL, SMALL_TMA, SMALL_R128]
 
 
 def _case(q_lens, ctx_lens, *, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
@@ -78,14 +82,17 @@ CASES = [
     (torch.float32, 8, 1, 64, 8, [37, 0, 3], [0, 0, 0]),
     # cached prefixes (prefix-cache hits, later chunks, a one-token row) beside a new prompt
     (torch.float32, 8, 2, 64, 16, [5, 16, 33, 1, 9], [0, 32, 31, 40, 7]),
-    # bf16 and fp16
+    # bf16 and fp16: prefixes, ratios 1 / 4 / 8, a padded sequence, one-token rows, lengths off
+    # the tile sizes
     (torch.bfloat16, 8, 2, 128, 16, [24, 3], [0, 19]),
     (torch.bfloat16, 2, 2, 64, 32, [70, 31], [0, 64]),
     (torch.float16, 4, 1, 64, 16, [4, 21], [0, 17]),
+    (torch.bfloat16, 8, 1, 64, 8, [37, 0, 3], [0, 0, 0]),
+    (torch.float16, 8, 2, 64, 16, [5, 16, 33, 1, 9], [0, 32, 31, 40, 7]),
 ]
 
 
-@pytest.mark.parametrize("config", [None, SMALL, SMALL_TMA], ids=["default", "small", "tma"])
+@pytest.mark.parametrize("config", SMALL_CONFIGS, ids=lambda c: config_label(c) if c else "default")
 @pytest.mark.parametrize(
     ("dtype", "num_heads", "num_kv_heads", "head_dim", "block_size", "q_lens", "ctx_lens"),
     CASES,
@@ -132,6 +139,18 @@ def test_dense_prefill_strided_views():
         )
         assert_close(out, ref, torch.float32)
         assert out_buf[:, 0].isnan().all(), "wrote outside the out view"
+
+
+@pytest.mark.parametrize("config", [None, SMALL_TMA], ids=str)
+def test_dense_prefill_nan_past_the_chunks(config):
+    # k/v rows past the last chunk (padding) may hold anything: masked loads never let them
+    # into a real row
+    shape = dict(num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
+    q, k, v, k_cache, v_cache, meta, n = _case([24, 3, 37], [0, 19, 40], **shape, seed=3)
+    k[n:], v[n:], q[n:] = float("nan"), float("nan"), float("nan")
+    ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, 0.125)
+    out = dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, 0.125, config=config)
+    assert_close(out[:n], ref[:n], torch.bfloat16)
 
 
 @pytest.mark.parametrize("case", ["fp8_cache", "k_heads", "k_tokens", "k_dtype", "v_last_dim"])
