@@ -29,7 +29,8 @@
 # * Fixed launch configuration (no autotuning): deterministic, and safe to capture in a CUDA
 #   graph; the grid depends only on host ints. kernel_bench.py sweeps the alternatives.
 # * Variants by PrefillConfig: tma (above), maxnreg (a register cap: 128 fits two 8-warp programs
-#   per SM).
+#   per SM), warp_spec (kernels/dense_prefill_ws.py: producer/consumer warpgroups, the cached
+#   prefix merged by a second kernel).
 from typing import NamedTuple
 
 import torch
@@ -49,6 +50,7 @@ from kernels._launch import (
     interpreting,
     output_buffer,
 )
+from kernels.dense_prefill_ws import launch_ws, ws_ready
 from kernels.paged_prefill_attention import LOG2E, _attend_tile
 
 
@@ -281,18 +283,20 @@ def _dense_prefill_kernel(
 # Launcher
 # ---------------------------------------------------------------------------------------------
 class PrefillConfig(NamedTuple):
-    block_m: int  # (query, group head) rows per program
+    block_m: int  # (query, group head) rows per program; warp_spec: queries of one head
     block_n: int  # keys per tile
-    num_warps: int
+    num_warps: int  # warp_spec: per consumer warpgroup (4), the kernel runs three warpgroups
     num_stages: int  # software-pipelining depth of the key loops
     tma: bool = False  # unmasked chunk tiles through host tensor descriptors (bulk tensor copy)
     maxnreg: int | None = None  # registers per thread; 128 with 8 warps: two programs per SM
+    warp_spec: bool = False  # dense_prefill_ws: producer / consumer warpgroups (16-bit only)
 
 
 def config_label(cfg: PrefillConfig) -> str:
     """BLOCK_M/BLOCK_N/num_warps/num_stages and the variant's flags, e.g. '128/64/8/4 tma'."""
     flags = [" tma"] if cfg.tma else []
     flags += [f" r{cfg.maxnreg}"] if cfg.maxnreg else []
+    flags += [" ws"] if cfg.warp_spec else []
     return "/".join(str(x) for x in cfg[:4]) + "".join(flags)
 
 
@@ -300,7 +304,8 @@ def config_label(cfg: PrefillConfig) -> str:
 # cp.async pointer loads four stages deep. The best of CONFIGS_TO_SWEEP on an H200 (1 x 8192
 # causal, Llama-3.1-8B heads: 1.188 ms, 65 % of the bf16 matmul ceiling; the copy-engine variant
 # of the same tiles, three stages, 1.237 ms; docs/benchmarks.md). kernel_bench.py's prefill_8k
-# section re-times the sweep and names the best.
+# section re-times the sweep and names the best; its prefill_sweep section also times
+# CONFIGS_WARP_SPEC, each variant in a child process first.
 CONFIG_16BIT = PrefillConfig(128, 64, 8, 4)
 CONFIG_WIDE = PrefillConfig(64, 32, 4, 3)  # fp32, or head_dim > 128: tiles of twice the bytes
 CONFIGS_TO_SWEEP = [
@@ -317,6 +322,14 @@ CONFIGS_TO_SWEEP = [
     # wgmma (32-key tiles: the only width that fits without spills or serialized wgmma)
     PrefillConfig(128, 32, 8, 2, True, 128), PrefillConfig(128, 32, 8, 3, True, 128),
     PrefillConfig(128, 32, 8, 2, False, 128),
+]  # fmt: skip
+# dense_prefill_ws; with tma=False each program bounds its own descriptors (no host ones).
+# 128 queries: two consumer warpgroups of 64 rows; 256 queries with 32-key tiles: of 128 rows
+CONFIGS_WARP_SPEC = [
+    PrefillConfig(128, 128, 4, 2, warp_spec=True), PrefillConfig(128, 128, 4, 2, True, None, True),
+    PrefillConfig(128, 64, 4, 2, warp_spec=True), PrefillConfig(128, 64, 4, 2, True, None, True),
+    PrefillConfig(128, 64, 4, 3, warp_spec=True), PrefillConfig(128, 64, 4, 3, True, None, True),
+    PrefillConfig(128, 64, 4, 4, warp_spec=True), PrefillConfig(256, 32, 4, 2, warp_spec=True),
 ]  # fmt: skip
 
 
@@ -391,7 +404,15 @@ def dense_prefill_attention(
     group = num_heads // num_kv_heads
     upcast, precision = dot_config(q.dtype)
     cfg = config or default_config(q.dtype, head_dim)
-    if config is None:
+    if cfg.warp_spec and q.dtype != torch.float32 and all(ws_ready(t) for t in (q, k, v)):
+        launch_ws(
+            q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+            float(scale) * LOG2E, out, cfg, _short_tiles(CONFIG_16BIT, max_query_len * group),
+        )  # fmt: skip
+        return out
+    if cfg.warp_spec:  # fp32 (no 16-bit wgmma) or k/v views the descriptors cannot take
+        cfg = default_config(q.dtype, head_dim)
+    elif config is None:
         cfg = _short_tiles(cfg, max_query_len * group)
     BLOCK_M, BLOCK_N, num_warps, num_stages, tma = cfg[:5]
     k_desc = v_desc = None

@@ -22,6 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels import dense_prefill_attention as dense
+from kernels import dense_prefill_ws as dense_ws
 from kernels import fp8_quant, rms_norm, rotary, silu_mul, store_kv
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
@@ -152,17 +153,41 @@ def variants(dt: str = "bf16"):
             continue
         configs = {(dense.CONFIG_16BIT, "i32")}
         if (group, head_dim) == (4, 128):  # Llama-3.1-8B: every config the benchmark times,
-            configs.update((c, "i32") for c in dense.CONFIGS_TO_SWEEP)
+            configs.update((c, "i32") for c in dense.CONFIGS_TO_SWEEP + dense.CONFIGS_WARP_SPEC)
             configs.add((dense.CONFIG_16BIT, "i64"))  # and int64 metadata (TMA offsets stay 32-bit)
         for cfg, meta in sorted(configs, key=lambda c: (dense.config_label(c[0]), c[1])):
             yield from _dense_variants(dt, kv, cfg, meta, group, head_dim)
 
 
 def _dense_variants(dt, kv, cfg, meta, group, head_dim):
-    block_m, block_n, num_warps, num_stages, tma, maxnreg = cfg
+    block_m, block_n, num_warps, num_stages, tma, maxnreg, warp_spec = cfg
     meta_names = ("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr")
     meta_ptrs = dict.fromkeys(meta_names, meta)
     common = {"GROUP": group, "HEAD_DIM": head_dim, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"}
+    if warp_spec:  # the chunk kernel (q/k/v through descriptors), then the prefix merge
+        descs = {
+            "q_desc": f"tensordesc<{dt}[{block_m},{head_dim}]>",
+            "k_desc": f"tensordesc<{dt}[{block_n},{head_dim}]>",
+            "v_desc": f"tensordesc<{dt}[{block_n},{head_dim}]>",
+        }
+        yield (
+            dense_ws._ws_chunk_kernel,
+            {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "out_ptr": dt, "lse_ptr": "fp32",
+             "query_start_loc_ptr": meta, **(descs if tma else {})},
+            ("qk_scale",),
+            {**common, "BLOCK_M": block_m, "BLOCK_N": block_n, "HOST_DESC": tma,
+             **({} if tma else dict.fromkeys(descs))},
+            num_warps, num_stages, None,
+        )  # fmt: skip
+        merge = dense.CONFIG_16BIT
+        yield (
+            dense_ws._prefix_merge_kernel,
+            {"q_ptr": dt, "out_ptr": dt, "lse_ptr": "fp32", **kv, **meta_ptrs},
+            ("qk_scale",),
+            {**common, "BLOCK_SIZE": 16, "BLOCK_M": merge.block_m, "BLOCK_N": merge.block_n},
+            merge.num_warps, merge.num_stages, None,
+        )  # fmt: skip
+        return
     desc = f"tensordesc<{dt}[{block_n},{head_dim}]>"
     yield (
         dense._dense_prefill_kernel,

@@ -49,6 +49,9 @@ def test_kernels_compile_for_sm90():
     assert "_dense_prefill_kernel" in names
     # the dense prefill path's TMA configs load K/V through the copy engine
     assert any(r["tma_loads"] for r in results if r["kernel"] == "_dense_prefill_kernel")
+    # the warp-specialized variant compiles (Triton 3.6's Hopper pass), copy engine throughout
+    ws = [r for r in results if r["kernel"] == "_ws_chunk_kernel"]
+    assert ws and all(r["tma_loads"] and not r["wgmma_serialized"] for r in ws), ws
     # the default dense config keeps its wgmma chains asynchronous (no ptxas C751x note)
     cfg = CONFIG_16BIT
     default = [

@@ -6,8 +6,10 @@
 import pytest
 import torch
 
+import kernels.dense_prefill_attention as dense_mod
 from kernels.dense_prefill_attention import (
     CONFIGS_TO_SWEEP,
+    CONFIGS_WARP_SPEC,
     PrefillConfig,
     config_label,
     dense_prefill_attention,
@@ -28,11 +30,14 @@ from tests.kernels.kernel_test_utils import (
 
 # Small tiles under the interpreter: several full and diagonal tiles per program, and both load
 # paths (pointers, and the host tensor descriptors of the copy engine); the register cap (a
-# compile option: the same kernel under the interpreter).
+# compile option: the same kernel under the interpreter); the warp-specialized kernel with
+# in-kernel and host descriptors (16-bit only: fp32 falls back to the default kernel).
 SMALL = PrefillConfig(32, 16, 4, 2)
 SMALL_TMA = PrefillConfig(32, 16, 4, 2, True)
 SMALL_R128 = PrefillConfig(32, 16, 4, 2, True, maxnreg=128)
-SMALL_CONFIGS = [None, SMALL, SMALL_TMA, SMALL_R128]
+SMALL_WS = PrefillConfig(32, 16, 4, 2, warp_spec=True)
+SMALL_WS_HOST = PrefillConfig(32, 16, 4, 2, True, warp_spec=True)
+SMALL_CONFIGS = [None, SMALL, SMALL_TMA, SMALL_R128, SMALL_WS, SMALL_WS_HOST]
 
 
 def _case(q_lens, ctx_lens, *, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
@@ -82,8 +87,8 @@ CASES = [
     (torch.float32, 8, 1, 64, 8, [37, 0, 3], [0, 0, 0]),
     # cached prefixes (prefix-cache hits, later chunks, a one-token row) beside a new prompt
     (torch.float32, 8, 2, 64, 16, [5, 16, 33, 1, 9], [0, 32, 31, 40, 7]),
-    # bf16 and fp16: prefixes, ratios 1 / 4 / 8, a padded sequence, one-token rows, lengths off
-    # the tile sizes
+    # bf16 and fp16 (the warp-specialized kernel's cases): prefixes, ratios 1 / 4 / 8, a padded
+    # sequence, one-token rows, lengths off the tile sizes
     (torch.bfloat16, 8, 2, 128, 16, [24, 3], [0, 19]),
     (torch.bfloat16, 2, 2, 64, 32, [70, 31], [0, 64]),
     (torch.float16, 4, 1, 64, 16, [4, 21], [0, 17]),
@@ -132,7 +137,7 @@ def test_dense_prefill_strided_views():
     out = out_buf[:, 1:]
     lens, qsl = int_tensor(seq_lens, torch.int64), int_tensor([0, 6, 17], torch.int64)
     ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, bt.long(), lens, qsl, 11, 0.125)
-    for config in (None, SMALL_TMA):
+    for config in (None, SMALL_TMA, SMALL_WS):  # fp32: the warp-specialized config falls back
         out_buf[:, 1:] = float("nan")
         dense_prefill_attention(
             q, k, v, k_cache, v_cache, bt.long(), lens, qsl, 11, 0.125, out=out, config=config
@@ -141,10 +146,70 @@ def test_dense_prefill_strided_views():
         assert out_buf[:, 0].isnan().all(), "wrote outside the out view"
 
 
-@pytest.mark.parametrize("config", [None, SMALL_TMA], ids=str)
+def _spy_ws(monkeypatch) -> list:
+    """Records the chunk kernel's config of every warp-specialized launch."""
+    calls, launch_ws = [], dense_mod.launch_ws
+
+    def spy(*args):
+        calls.append(args[-2])
+        return launch_ws(*args)
+
+    monkeypatch.setattr(dense_mod, "launch_ws", spy)
+    return calls
+
+
+@pytest.mark.parametrize("config", [SMALL_WS, SMALL_WS_HOST], ids=config_label)
+def test_dense_prefill_ws_fused_qkv_views(monkeypatch, config):
+    # bf16 q/k/v as views of one fused qkv buffer (the engine's) take the warp-specialized path;
+    # out a view of a wider buffer, int64 metadata, a cached prefix merged into one sequence
+    calls = _spy_ws(monkeypatch)
+    g = gen(41)
+    num_heads, num_kv_heads, head_dim, q_lens, ctx_lens = 8, 2, 64, [45, 19], [0, 23]
+    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
+    k_cache, v_cache, bt = paged_kv(
+        seq_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+        dtype=torch.bfloat16, g=g,
+    )  # fmt: skip
+    qkv = randn(66, num_heads + 2 * num_kv_heads, head_dim, g=g, dtype=torch.bfloat16)
+    q, k, v = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+    for i, (c, n, start) in enumerate(zip(ctx_lens, q_lens, [0, 45])):  # the chunk in the cache
+        for p in range(n):
+            blk, slot = int(bt[i, (c + p) // 16]), (c + p) % 16
+            k_cache[blk, slot], v_cache[blk, slot] = k[start + p], v[start + p]
+    out_buf = torch.full((66, num_heads + 1, head_dim), float("nan"), device=DEVICE,
+                         dtype=torch.bfloat16)  # fmt: skip
+    out = out_buf[:, 1:]
+    lens, qsl = int_tensor(seq_lens, torch.int64), int_tensor([0, 45, 64], torch.int64)
+    meta = (bt.long(), lens, qsl, 45)
+    ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, 0.125)
+    dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, 0.125, out=out, config=config)
+    assert calls == [config]
+    assert_close(out[:64], ref[:64], torch.bfloat16)
+    assert out_buf[:, 0].isnan().all(), "wrote outside the out view"
+    assert out_buf[64:].isnan().all(), "padding tokens were written"
+
+
+def test_dense_prefill_ws_falls_back(monkeypatch):
+    # fp32, or k/v whose heads are not adjacent (no 2-D descriptor view): the default kernel
+    calls = _spy_ws(monkeypatch)
+    shape = dict(num_heads=4, num_kv_heads=2, head_dim=64, block_size=16)
+    for dtype, narrow in ((torch.float32, False), (torch.bfloat16, True)):
+        q, k, v, k_cache, v_cache, meta, n = _case([9, 20], [0, 5], **shape, dtype=dtype, seed=9)
+        if narrow:  # k, v: [tokens, kv_heads, 64] inside a [tokens, kv_heads, 128] buffer
+            wide = torch.zeros(*k.shape[:2], 128, dtype=dtype, device=DEVICE)
+            k = wide.clone()[:, :, :64].copy_(k)
+            v = wide.clone()[:, :, :64].copy_(v)
+        ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, 0.125)
+        out = dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, 0.125, config=SMALL_WS)
+        assert_close(out[:n], ref[:n], dtype)
+    assert calls == []
+
+
+@pytest.mark.parametrize("config", [None, SMALL_TMA, SMALL_WS], ids=str)
 def test_dense_prefill_nan_past_the_chunks(config):
-    # k/v rows past the last chunk (padding) may hold anything: masked loads never let them
-    # into a real row
+    # k/v rows past the last chunk (padding) may hold anything: masked loads, or descriptors
+    # bounded by each chunk, never let them into a real row (SMALL_WS_HOST reads them: its
+    # tiles may cross a chunk's end, so it needs finite padding)
     shape = dict(num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
     q, k, v, k_cache, v_cache, meta, n = _case([24, 3, 37], [0, 19, 40], **shape, seed=3)
     k[n:], v[n:], q[n:] = float("nan"), float("nan"), float("nan")
@@ -183,7 +248,7 @@ def test_dense_prefill_no_queries():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (real bf16 wgmma, the copy engine)")
-@pytest.mark.parametrize("config", [None, *CONFIGS_TO_SWEEP], ids=str)
+@pytest.mark.parametrize("config", [None, *CONFIGS_TO_SWEEP, *CONFIGS_WARP_SPEC], ids=str)
 def test_dense_prefill_gpu_bf16_llama_shapes(config):
     # Llama-3.1-8B attention (32 q / 8 kv heads, d 128, block 16): a long new prompt, chunks
     # over cached prefixes, a one-token row; and the paged kernel agrees with it

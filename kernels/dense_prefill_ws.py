@@ -1,0 +1,283 @@
+# Warp-specialized variant of dense_prefill_attention for sm_90 (selected by
+# PrefillConfig.warp_spec): Triton 3.6's automatic Hopper warp specialization turns the key loop
+# into one producer warpgroup (copy-engine loads) and two consumer warpgroups of BLOCK_M / 2 rows
+# each that synchronise through mbarriers only, so one warpgroup's softmax can overlap the
+# other's wgmma (num_warps=4 is the consumer width: the kernel runs 12 warps).
+#   q:     [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
+#   out:   [num_tokens, num_heads, head_dim]; lse: [num_tokens, num_heads] float32 scratch
+# What the pass accepts in Triton 3.6 shapes the design:
+# * a single tl.range(warp_specialize=True) loop and no other loop in the kernel, every operand
+#   through tensor descriptors (q included), no reshape of loaded tiles. Hence one program per
+#   (query head, sequence, BLOCK_M queries) without GQA row packing, and the causal mask applied
+#   to every tile (an in-loop branch turns the specialization off).
+# * The cached prefix (seq_len > q_len) runs in a second kernel, _prefix_merge_kernel: it
+#   attends over the prefix through the block table and merges with the chunk's result through
+#   the chunk's log-sum-exp (base 2). Programs of prefix-free sequences return at once.
+# Descriptors: HOST_DESC uses host TensorDescriptors over q/k/v seen as 2-D [num_tokens,
+# heads * head_dim] (keys past a chunk's end then come from the next sequence or padding; the
+# causal mask zeroes their weights). Otherwise each program builds descriptors bounded by its
+# own chunk in the kernel (the copy engine zero-fills past the end; needs triton.set_allocator).
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import dot_config, interpreting
+from kernels.paged_prefill_attention import _attend_tile
+
+
+# Batch-dependent index tensors are not specialised on (no mid-serving recompiles).
+@triton.jit(do_not_specialize_on_alignment=["query_start_loc_ptr"])
+def _ws_chunk_kernel(
+    q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    k_ptr,  # [num_tokens, num_kv_heads, HEAD_DIM]
+    v_ptr,
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    lse_ptr,  # [num_tokens, num_heads] float32: log2 of each row's softmax denominator, scaled
+    q_desc,  # HOST_DESC: q as [num_tokens, num_heads * HEAD_DIM] in [BLOCK_M, HEAD_DIM] boxes
+    k_desc,  # HOST_DESC: k as [num_tokens, num_kv_heads * HEAD_DIM] in [BLOCK_N, HEAD_DIM] boxes
+    v_desc,
+    query_start_loc_ptr,  # [num_seqs + 1]
+    qk_scale,  # softmax scale * log2(e)
+    stride_q_tok,
+    stride_k_tok,
+    stride_v_tok,
+    stride_o_tok,
+    stride_o_head,
+    stride_lse_tok,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # queries per program (one head)
+    BLOCK_N: tl.constexpr,  # keys per tile
+    HOST_DESC: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    head = tl.program_id(0)
+    seq = tl.program_id(1)
+    tile = tl.num_programs(2) - 1 - tl.program_id(2)  # last (longest) tiles dispatch first
+    kv_head = head // GROUP
+    q_start = tl.load(query_start_loc_ptr + seq).to(tl.int32)
+    q_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int32) - q_start
+    m0 = tile * BLOCK_M
+    # else this sequence has fewer queries (or is padding); an if, not an early return: the warp
+    # specialization pass takes structured control flow only
+    if m0 < q_len:
+        offs_m = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index in the chunk
+        if HOST_DESC:
+            q = q_desc.load([q_start + m0, head * HEAD_DIM])
+        else:
+            start = q_start.to(tl.int64)
+            # [q_len, HEAD_DIM] views of this chunk: rows past its end read as zeros
+            q_view = tl.make_tensor_descriptor(
+                q_ptr + start * stride_q_tok + head * HEAD_DIM, shape=[q_len, HEAD_DIM],
+                strides=[stride_q_tok, 1], block_shape=[BLOCK_M, HEAD_DIM],
+            )  # fmt: skip
+            k_view = tl.make_tensor_descriptor(
+                k_ptr + start * stride_k_tok + kv_head * HEAD_DIM, shape=[q_len, HEAD_DIM],
+                strides=[stride_k_tok, 1], block_shape=[BLOCK_N, HEAD_DIM],
+            )  # fmt: skip
+            v_view = tl.make_tensor_descriptor(
+                v_ptr + start * stride_v_tok + kv_head * HEAD_DIM, shape=[q_len, HEAD_DIM],
+                strides=[stride_v_tok, 1], block_shape=[BLOCK_N, HEAD_DIM],
+            )  # fmt: skip
+            q = q_view.load([m0, 0])
+        if UPCAST_DOT:
+            q = q.to(tl.float32)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        kv_end = tl.minimum(m0 + BLOCK_M, q_len)  # one past the last real query of the tile
+        for n0 in tl.range(0, kv_end, BLOCK_N, warp_specialize=True):
+            if HOST_DESC:
+                k = k_desc.load([q_start + n0, kv_head * HEAD_DIM])
+            else:
+                k = k_view.load([n0, 0])
+            if UPCAST_DOT:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))  # causal
+            # key 0 is visible to every row, so m_new is finite from the first tile on
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+            p = tl.exp2(s * qk_scale - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if HOST_DESC:
+                v = v_desc.load([q_start + n0, kv_head * HEAD_DIM])
+            else:
+                v = v_view.load([n0, 0])
+            if UPCAST_DOT:
+                v = v.to(tl.float32)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        row_mask = offs_m < q_len
+        tok = (q_start + offs_m).to(tl.int64)
+        offs_d = tl.arange(0, HEAD_DIM)
+        o_ptrs = out_ptr + tok[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+        tl.store(lse_ptr + tok * stride_lse_tok + head, m_i + tl.log2(l_i), mask=row_mask)
+
+
+# Batch-dependent ints and index tensors are not specialised on (no mid-serving recompiles).
+@triton.jit(
+    do_not_specialize=["stride_bt_seq"],
+    do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
+)
+def _prefix_merge_kernel(
+    q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_cache_ptr,
+    block_tables_ptr,  # [num_seqs, max_blocks_per_seq]
+    seq_lens_ptr,  # [num_seqs]
+    query_start_loc_ptr,  # [num_seqs + 1]
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM]: the chunk's result, merged in place
+    lse_ptr,  # [num_tokens, num_heads] float32: the chunk's log2-sum-exp2
+    qk_scale,
+    stride_q_tok,
+    stride_q_head,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    stride_bt_seq,
+    stride_o_tok,
+    stride_o_head,
+    stride_lse_tok,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    BLOCK_M: tl.constexpr,  # (query, group head) rows per program, row = q_idx * GROUP + g
+    BLOCK_N: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    kv_head = tl.program_id(0)
+    seq = tl.program_id(1)
+    tile = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq).to(tl.int32)
+    q_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int32) - q_start
+    ctx_len = tl.load(seq_lens_ptr + seq).to(tl.int32) - q_len  # keys cached before the chunk
+    row_lo = tile * BLOCK_M
+    if (ctx_len <= 0) | (row_lo >= q_len * GROUP):
+        return
+
+    offs_m = row_lo + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_idx = offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    row_mask = q_idx < q_len
+    tok = (q_start + q_idx).to(tl.int64)
+    q_ptrs = q_ptr + tok[:, None] * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    kc_base_ptr = k_cache_ptr + kv_head * stride_kc_head
+    vc_base_ptr = v_cache_ptr + kv_head * stride_vc_head
+    q_pos = ctx_len + q_idx  # every prefix key is visible: only the last tile masks its bound
+    ctx_full_end = (ctx_len // BLOCK_N) * BLOCK_N
+    for n0 in range(0, ctx_full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q_pos, m_i, l_i, acc, n0, ctx_len, bt_row_ptr, kc_base_ptr, vc_base_ptr, qk_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, False, UPCAST_DOT, DOT_PRECISION,
+        )  # fmt: skip
+    for n0 in range(ctx_full_end, ctx_len, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q_pos, m_i, l_i, acc, n0, ctx_len, bt_row_ptr, kc_base_ptr, vc_base_ptr, qk_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, UPCAST_DOT, DOT_PRECISION,
+        )  # fmt: skip
+
+    # out = (acc + o_chunk * 2^lse_chunk) / (l + 2^lse_chunk), all relative to a common max
+    o_ptrs = out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head
+    o_ptrs += offs_d[None, :]
+    o_chunk = tl.load(o_ptrs, mask=row_mask[:, None], other=0.0).to(tl.float32)
+    lse_chunk = tl.load(lse_ptr + tok * stride_lse_tok + heads, mask=row_mask, other=0.0)
+    m = tl.maximum(m_i, lse_chunk)  # finite: the chunk's own key is always visible
+    w_prefix = tl.exp2(m_i - m)
+    w_chunk = tl.exp2(lse_chunk - m)
+    o = (acc * w_prefix[:, None] + o_chunk * w_chunk[:, None]) / (l_i * w_prefix + w_chunk)[:, None]
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+def ws_ready(t: torch.Tensor) -> bool:
+    """t [num_tokens, heads, head_dim] can be read through descriptors of 2-D [tokens, heads *
+    head_dim] views: heads adjacent, 16-byte aligned rows."""
+    return (
+        t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and t.data_ptr() % 16 == 0
+        and (t.stride(0) * t.element_size()) % 16 == 0
+    )
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """In-kernel descriptors live in a global scratch buffer that Triton asks an allocator for."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+def _descriptor(t: torch.Tensor, block_rows: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    num_tokens, heads, head_dim = t.shape
+    return TensorDescriptor(
+        t, [num_tokens, heads * head_dim], [t.stride(0), 1], [block_rows, head_dim]
+    )
+
+
+def launch_ws(q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+              qk_scale, out, cfg, merge_cfg) -> None:  # fmt: skip
+    """dense_prefill_attention's arguments, checked, and its PrefillConfig (cfg: the chunk
+    kernel, merge_cfg: the prefix kernel's tiles): the chunk kernel, then the prefix merge."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs, num_kv_heads = seq_lens.shape[0], k.shape[1]
+    group = num_heads // num_kv_heads
+    upcast, precision = dot_config(q.dtype)
+    lse = torch.empty((num_tokens, num_heads), dtype=torch.float32, device=q.device)
+    host = cfg.tma
+    if host:
+        descs = (
+            _descriptor(q, cfg.block_m),
+            _descriptor(k, cfg.block_n),
+            _descriptor(v, cfg.block_n),
+        )
+    else:
+        descs = (None, None, None)
+        if not interpreting():
+            _ensure_allocator()
+    grid = (num_heads, num_seqs, triton.cdiv(max_query_len, cfg.block_m))
+    _ws_chunk_kernel[grid](
+        q, k, v, out, lse, *descs, query_start_loc, qk_scale,
+        q.stride(0), k.stride(0), v.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        HOST_DESC=host, UPCAST_DOT=upcast, DOT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    grid = (num_kv_heads, num_seqs, triton.cdiv(max_query_len * group, merge_cfg.block_m))
+    _prefix_merge_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, lse, qk_scale,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], BLOCK_M=merge_cfg.block_m,
+        BLOCK_N=merge_cfg.block_n, UPCAST_DOT=upcast, DOT_PRECISION=precision,
+        num_warps=merge_cfg.num_warps, num_stages=merge_cfg.num_stages,
+    )  # fmt: skip
