@@ -3,8 +3,8 @@
 # CONFIGS_TO_SWEEP and CONFIGS_WARP_SPEC) on 1 x 8192 causal against the bf16 matmul ceiling of
 # the same run (issue 15: >= 70 %), then the default and the fastest on the other prefill shapes
 # (benchmarks/prefill_sweep.py through kernel_bench.py). A variant that fails to compile, launch
-# or finish is reported and skipped. About 2-4 minutes: the sweep starts nothing new after 270 s
-# and the job is cut at 340 s, well inside 6 minutes. Needs torch and triton only.
+# or finish is reported and skipped. About 2-4 minutes: the sweep time-boxes its phases (PHASES
+# in prefill_sweep.py) and the job is cut at 340 s, inside 6 minutes. Needs torch and triton.
 # Run through benchmarks/device_jobs.sh; results land in $JOBS/results:
 #   prefill_sweep_h200.json (kernel_bench's report; the sweep under "prefill_sweep"),
 #   prefill_sweep.log (every row as measured, then the summary), gpu.txt (clocks, power).
