@@ -305,8 +305,11 @@ def config_label(cfg: PrefillConfig) -> str:
 # causal, Llama-3.1-8B heads: 1.188 ms, 65 % of the bf16 matmul ceiling; the copy-engine variant
 # of the same tiles, three stages, 1.237 ms; docs/benchmarks.md). kernel_bench.py's prefill_8k
 # section re-times the sweep and names the best; its prefill_sweep section also times
-# CONFIGS_WARP_SPEC, each variant in a child process first.
+# CONFIGS_WARP_SPEC, each variant in a child process first. A warp_spec config here is used for
+# chunks of at least block_m queries whose q/k/v the descriptors take (ws_ready), CONFIG_PLAIN
+# otherwise.
 CONFIG_16BIT = PrefillConfig(128, 64, 8, 4)
+CONFIG_PLAIN = PrefillConfig(128, 64, 8, 4)  # 16-bit where a warp_spec config cannot run
 CONFIG_WIDE = PrefillConfig(64, 32, 4, 3)  # fp32, or head_dim > 128: tiles of twice the bytes
 CONFIGS_TO_SWEEP = [
     PrefillConfig(128, 64, 8, 3), PrefillConfig(128, 64, 8, 4), PrefillConfig(128, 128, 8, 2),
@@ -381,7 +384,8 @@ def dense_prefill_attention(
     paged_prefill_attention). max_query_len: host int >= every q_len (sizes the grid).
     Tokens after query_start_loc[-1] (CUDA-graph padding) are left untouched in `out`.
     config: for benchmarks and tests; None picks default_config (a TMA config falls back to
-    pointer loads when k or v cannot be described, see tma_ready).
+    pointer loads when k or v cannot be described, see tma_ready; a warp_spec one to
+    CONFIG_PLAIN or CONFIG_WIDE for fp32, head_dim > 128, or q/k/v that fail ws_ready).
     """
     shape = check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
     num_seqs, num_heads, num_kv_heads = shape.num_seqs, shape.num_heads, shape.num_kv_heads
@@ -404,15 +408,18 @@ def dense_prefill_attention(
     group = num_heads // num_kv_heads
     upcast, precision = dot_config(q.dtype)
     cfg = config or default_config(q.dtype, head_dim)
-    if cfg.warp_spec and q.dtype != torch.float32 and all(ws_ready(t) for t in (q, k, v)):
-        launch_ws(
-            q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
-            float(scale) * LOG2E, out, cfg, _short_tiles(CONFIG_16BIT, max_query_len * group),
-        )  # fmt: skip
-        return out
-    if cfg.warp_spec:  # fp32 (no 16-bit wgmma) or k/v views the descriptors cannot take
-        cfg = default_config(q.dtype, head_dim)
-    elif config is None:
+    if cfg.warp_spec:
+        wide = q.dtype == torch.float32 or head_dim > 128  # no 16-bit wgmma, or too big
+        short = config is None and max_query_len < cfg.block_m  # the packed small tiles win
+        if not (wide or short) and all(ws_ready(t) for t in (q, k, v)):
+            merge_cfg = _short_tiles(CONFIG_PLAIN, max_query_len * group)
+            launch_ws(
+                q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                max_query_len, float(scale) * LOG2E, out, cfg, merge_cfg,
+            )  # fmt: skip
+            return out
+        cfg = CONFIG_WIDE if wide else CONFIG_PLAIN
+    if config is None:
         cfg = _short_tiles(cfg, max_query_len * group)
     BLOCK_M, BLOCK_N, num_warps, num_stages, tma = cfg[:5]
     k_desc = v_desc = None

@@ -179,7 +179,7 @@ def _dense_variants(dt, kv, cfg, meta, group, head_dim):
              **({} if tma else dict.fromkeys(descs))},
             num_warps, num_stages, None,
         )  # fmt: skip
-        merge = dense.CONFIG_16BIT
+        merge = dense.CONFIG_PLAIN
         yield (
             dense_ws._prefix_merge_kernel,
             {"q_ptr": dt, "out_ptr": dt, "lse_ptr": "fp32", **kv, **meta_ptrs},

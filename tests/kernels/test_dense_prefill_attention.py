@@ -205,6 +205,18 @@ def test_dense_prefill_ws_falls_back(monkeypatch):
     assert calls == []
 
 
+def test_dense_prefill_ws_as_default(monkeypatch):
+    # CONFIG_16BIT set to a warp_spec config (how a sweep winner becomes the default): chunks of
+    # at least block_m queries take it; shorter chunks and fp32 the plain kernel
+    calls = _spy_ws(monkeypatch)
+    monkeypatch.setattr(dense_mod, "CONFIG_16BIT", SMALL_WS)
+    shape = dict(num_heads=8, num_kv_heads=2, head_dim=64, block_size=16)
+    runs = [(torch.bfloat16, [40, 7]), (torch.bfloat16, [20, 7]), (torch.float32, [40, 7])]
+    for i, (dtype, q_lens) in enumerate(runs):
+        _check(q_lens, [0, 9], None, **shape, dtype=dtype, seed=50 + i)
+    assert calls == [SMALL_WS]
+
+
 @pytest.mark.parametrize("config", [None, SMALL_TMA, SMALL_WS], ids=str)
 def test_dense_prefill_nan_past_the_chunks(config):
     # k/v rows past the last chunk (padding) may hold anything: masked loads, or descriptors
