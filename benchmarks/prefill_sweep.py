@@ -50,6 +50,16 @@ def log(msg: str) -> None:
     print(f"[prefill_sweep {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def checkpoint(rows: dict, shapes: dict, running: str | None = None) -> None:
+    """Every row so far, and what runs now, to $PREFILL_SWEEP_PARTIAL if set: a run cut short
+    (a variant hanging after its probe passed) keeps its numbers and names the culprit."""
+    path = os.environ.get("PREFILL_SWEEP_PARTIAL")
+    if path:
+        partial = {"running": running, "rows": list(rows.values()),
+                   "other_shapes": {k: list(v.values()) for k, v in shapes.items()}}  # fmt: skip
+        Path(path).write_text(json.dumps(partial, indent=1, default=str))
+
+
 def probe_main(spec: dict[str, Any]) -> int:
     """Child: launch one variant once on each shape; a JSON line per shape on stdout."""
     smoke, label = spec["smoke"], spec["variant"]
@@ -165,12 +175,15 @@ def run_sweep(matmul_tflops: float | None, smoke: bool, phases=PHASES) -> dict:
     inp = cases.make_inputs(shape_8k, dims, device) | {"dims": dims}
     refs = cases.reference(inp, None)
     log(f"{cases.shape_label(shape_8k)} causal, matmul ceiling {matmul_tflops or 0:.1f} TFLOP/s:")
-    rows = {}
-    for label in ["paged", *labels, "sdpa"]:
+    rows: dict[str, dict] = {}
+    shapes: dict[str, dict] = {}
+    for label in ["paged", "sdpa", *labels]:  # the references first, the riskiest variants last
         if label == "sdpa" and device.type != "cuda":
             continue
+        checkpoint(rows, shapes, f"{cases.shape_label(shape_8k)} {label}")
         rows[label] = measure(label, table.get(label), inp, refs, matmul_tflops, probed.get(label))
         print_row(rows[label])
+        checkpoint(rows, shapes)
     del inp, refs
     ranked = fastest(rows)
     best = ranked[0] if ranked else None
@@ -179,7 +192,6 @@ def run_sweep(matmul_tflops: float | None, smoke: bool, phases=PHASES) -> dict:
     plain = [k for k in ranked if k not in ws]
     finalists = list(dict.fromkeys(["default", *ranked[: cases.FINALISTS], *ws[:1], *plain[:1]]))
 
-    shapes: dict[str, dict] = {}
     if time.monotonic() > t_start + phases[1]:
         log("out of time: the other shapes are skipped")
     else:
@@ -188,13 +200,14 @@ def run_sweep(matmul_tflops: float | None, smoke: bool, phases=PHASES) -> dict:
         for shape in others:
             inp = cases.make_inputs(shape, dims, device) | {"dims": dims}
             refs = cases.reference(inp, 128 if not smoke else 8)
-            by_label = {}
+            by_label = shapes.setdefault(cases.shape_label(shape), {})
             extra = ["sdpa"] if shape[1] == 0 and device.type == "cuda" else []
-            for label in finalists + extra:
+            for label in extra + finalists:
+                checkpoint(rows, shapes, f"{cases.shape_label(shape)} {label}")
                 by_label[label] = measure(label, table.get(label), inp, refs, matmul_tflops,
                                           probed.get(label))  # fmt: skip
                 print_row(by_label[label])
-            shapes[cases.shape_label(shape)] = by_label
+                checkpoint(rows, shapes)
             del inp, refs
     return summarize(rows, shapes, best, finalists, table, matmul_tflops, t_start)
 
@@ -241,10 +254,11 @@ def summarize(rows, shapes, best, finalists, table, peak, t_start) -> dict[str, 
     for label in report["wrong"]:
         print(f"  wrong results: {label}")
     if shapes:
-        print("  other shapes, ms: " + " | ".join(finalists))
+        columns = [*finalists, "sdpa"]
+        print("  other shapes, ms: " + " | ".join(columns))
         for shape, by_label in shapes.items():
             cells = [f"{by_label[k]['ms']:.4f}" if by_label.get(k, {}).get("ms") else "-"
-                     for k in finalists]  # fmt: skip
+                     for k in columns]  # fmt: skip
             print(f"    {shape:<22} " + " | ".join(cells))
     for label, bad in regressions.items():
         print(f"  {label} is slower than the default (or fails) on: {', '.join(bad)}")
