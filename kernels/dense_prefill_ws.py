@@ -49,6 +49,7 @@ def _ws_chunk_kernel(
     BLOCK_M: tl.constexpr,  # queries per program (one head)
     BLOCK_N: tl.constexpr,  # keys per tile
     HOST_DESC: tl.constexpr,
+    WARP_SPEC: tl.constexpr,  # False: the same kernel, software-pipelined (diagnostics)
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -88,7 +89,7 @@ def _ws_chunk_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         kv_end = tl.minimum(m0 + BLOCK_M, q_len)  # one past the last real query of the tile
-        for n0 in tl.range(0, kv_end, BLOCK_N, warp_specialize=True):
+        for n0 in tl.range(0, kv_end, BLOCK_N, warp_specialize=WARP_SPEC):
             if HOST_DESC:
                 k = k_desc.load([q_start + n0, kv_head * HEAD_DIM])
             else:
@@ -242,15 +243,22 @@ def _descriptor(t: torch.Tensor, block_rows: int):
     )
 
 
-def launch_ws(q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
-              qk_scale, out, cfg, merge_cfg) -> None:  # fmt: skip
-    """dense_prefill_attention's arguments, checked, and its PrefillConfig (cfg: the chunk
-    kernel, merge_cfg: the prefix kernel's tiles): the chunk kernel, then the prefix merge."""
+def _lse_scratch(num_tokens: int, num_heads: int, device: torch.device) -> torch.Tensor:
+    """The chunk's log2-sum-exp2 per (token, head); the chunk kernel writes every real row."""
+    return torch.empty((num_tokens, num_heads), dtype=torch.float32, device=device)
+
+
+def ws_chunk(q, k, v, query_start_loc, max_query_len, qk_scale, out, cfg, *, lse=None,
+             warp_specialize=True) -> torch.Tensor:  # fmt: skip
+    """The chunk kernel alone: attention of each chunk over its own keys into `out`, its
+    log2-sum-exp2 into `lse` (a new scratch if None), which it returns. warp_specialize=False
+    compiles the same kernel without the warp specialization (benchmarks/prefill_ws_diagnose.py
+    runs both)."""
     num_tokens, num_heads, head_dim = q.shape
-    num_seqs, num_kv_heads = seq_lens.shape[0], k.shape[1]
-    group = num_heads // num_kv_heads
+    num_seqs, num_kv_heads = query_start_loc.shape[0] - 1, k.shape[1]
     upcast, precision = dot_config(q.dtype)
-    lse = torch.empty((num_tokens, num_heads), dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse = _lse_scratch(num_tokens, num_heads, q.device)
     host = cfg.tma
     if host:
         descs = (
@@ -266,10 +274,21 @@ def launch_ws(q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     _ws_chunk_kernel[grid](
         q, k, v, out, lse, *descs, query_start_loc, qk_scale,
         q.stride(0), k.stride(0), v.stride(0), out.stride(0), out.stride(1), lse.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        HOST_DESC=host, UPCAST_DOT=upcast, DOT_PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, HOST_DESC=host, WARP_SPEC=warp_specialize, UPCAST_DOT=upcast,
+        DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    return lse
+
+
+def ws_merge(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+             qk_scale, out, lse, merge_cfg) -> None:  # fmt: skip
+    """The prefix merge: sequences with a cached prefix attend over it and merge with the
+    chunk's result in `out` through `lse`; programs of prefix-free sequences return at once."""
+    num_heads, head_dim = q.shape[1:]
+    num_seqs, num_kv_heads = seq_lens.shape[0], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    upcast, precision = dot_config(q.dtype)
     grid = (num_kv_heads, num_seqs, triton.cdiv(max_query_len * group, merge_cfg.block_m))
     _prefix_merge_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, lse, qk_scale,
@@ -281,3 +300,12 @@ def launch_ws(q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc
         BLOCK_N=merge_cfg.block_n, UPCAST_DOT=upcast, DOT_PRECISION=precision,
         num_warps=merge_cfg.num_warps, num_stages=merge_cfg.num_stages,
     )  # fmt: skip
+
+
+def launch_ws(q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+              qk_scale, out, cfg, merge_cfg) -> None:  # fmt: skip
+    """dense_prefill_attention's arguments, checked, and its PrefillConfig (cfg: the chunk
+    kernel, merge_cfg: the prefix kernel's tiles): the chunk kernel, then the prefix merge."""
+    lse = ws_chunk(q, k, v, query_start_loc, max_query_len, qk_scale, out, cfg)
+    ws_merge(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+             qk_scale, out, lse, merge_cfg)  # fmt: skip
