@@ -24,6 +24,12 @@ import triton.language as tl
 from kernels._launch import dot_config, interpreting
 from kernels.paged_prefill_attention import _attend_tile
 
+# The running max starts here, not at -inf: finite, so exp2(s - m) and exp2(m_old - m_new) never
+# meet -inf - -inf, and a row whose keys are all masked so far (or a tile fully masked for it)
+# gets p = 0, alpha finite, l = 0 instead of NaN, whatever order the compiler evaluates them in.
+# Far below any real scaled score (|q.k| * scale of finite 16-bit inputs), so exact otherwise.
+M_FLOOR = tl.constexpr(-1.0e30)
+
 
 # Batch-dependent index tensors are not specialised on (no mid-serving recompiles).
 @triton.jit(do_not_specialize_on_alignment=["query_start_loc_ptr"])
@@ -85,7 +91,7 @@ def _ws_chunk_kernel(
         if UPCAST_DOT:
             q = q.to(tl.float32)
 
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], M_FLOOR, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         kv_end = tl.minimum(m0 + BLOCK_M, q_len)  # one past the last real query of the tile
@@ -99,7 +105,8 @@ def _ws_chunk_kernel(
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
             offs_n = n0 + tl.arange(0, BLOCK_N)
             s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))  # causal
-            # key 0 is visible to every row, so m_new is finite from the first tile on
+            # key 0 is visible to every row, so m_new is a real score from the first tile on;
+            # >= M_FLOOR in any case: a fully masked row or tile gives p = 0, never NaN
             m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
             p = tl.exp2(s * qk_scale - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
@@ -118,7 +125,11 @@ def _ws_chunk_kernel(
         tok = (q_start + offs_m).to(tl.int64)
         offs_d = tl.arange(0, HEAD_DIM)
         o_ptrs = out_ptr + tok[:, None] * stride_o_tok + head * stride_o_head + offs_d[None, :]
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+        # l_i >= 1 for every real row (its max key contributes exp2(0)); a row without a
+        # visible key would give 0 / 0: 0 instead, and a log-sum-exp of -inf
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_safe[:, None]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
         tl.store(lse_ptr + tok * stride_lse_tok + head, m_i + tl.log2(l_i), mask=row_mask)
 
 
@@ -178,7 +189,7 @@ def _prefix_merge_kernel(
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], M_FLOOR, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
@@ -204,10 +215,13 @@ def _prefix_merge_kernel(
     o_ptrs += offs_d[None, :]
     o_chunk = tl.load(o_ptrs, mask=row_mask[:, None], other=0.0).to(tl.float32)
     lse_chunk = tl.load(lse_ptr + tok * stride_lse_tok + heads, mask=row_mask, other=0.0)
-    m = tl.maximum(m_i, lse_chunk)  # finite: the chunk's own key is always visible
+    # m >= M_FLOOR: finite even where the chunk's log-sum-exp is -inf (a row without keys)
+    m = tl.maximum(m_i, lse_chunk)
     w_prefix = tl.exp2(m_i - m)
     w_chunk = tl.exp2(lse_chunk - m)
-    o = (acc * w_prefix[:, None] + o_chunk * w_chunk[:, None]) / (l_i * w_prefix + w_chunk)[:, None]
+    denom = l_i * w_prefix + w_chunk  # >= 1 for a real row: its max term is exp2(0)
+    denom = tl.where(denom > 0.0, denom, 1.0)
+    o = (acc * w_prefix[:, None] + o_chunk * w_chunk[:, None]) / denom[:, None]
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import kernels.dense_prefill_attention as dense_mod
+import kernels.dense_prefill_ws as ws_mod
 from kernels.dense_prefill_attention import (
     CONFIGS_TO_SWEEP,
     CONFIGS_WARP_SPEC,
@@ -227,6 +228,68 @@ def test_dense_prefill_nan_past_the_chunks(config):
     k[n:], v[n:], q[n:] = float("nan"), float("nan"), float("nan")
     ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, 0.125)
     out = dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, 0.125, config=config)
+    assert_close(out[:n], ref[:n], torch.bfloat16)
+
+
+def _nan_lse_scratch(monkeypatch) -> None:
+    """The warp-specialized launcher's log-sum-exp scratch starts as NaN (torch.empty may hold
+    anything): the merge must read only rows the chunk kernel wrote."""
+    real = ws_mod._lse_scratch
+    monkeypatch.setattr(ws_mod, "_lse_scratch", lambda *a: real(*a).fill_(float("nan")))
+
+
+# The H200 sweep's NaN case in miniature (one chunk of whole tiles, GQA 4, q/k/v views of one
+# fused qkv buffer), beside chunks shorter than block_m and block_n, a one-token chunk, lengths
+# off the tiles, with and without cached prefixes; 64/64: block_n == block_m, like 128/128
+WS_TILE_CONFIGS = [SMALL_WS, PrefillConfig(64, 64, 4, 2, warp_spec=True)]
+WS_TILE_CASES = [([128], [0]), ([5, 64, 1, 3, 40], [0] * 5), ([5, 64, 1, 3, 40], [0, 17, 3, 0, 32])]
+
+
+@pytest.mark.parametrize("config", WS_TILE_CONFIGS, ids=config_label)
+@pytest.mark.parametrize(("q_lens", "ctx_lens"), WS_TILE_CASES, ids=["one", "short", "prefixes"])
+def test_dense_prefill_ws_nan_buffers(monkeypatch, config, q_lens, ctx_lens):
+    # out, the lse scratch and the padding tokens' q/k/v (two tokens after the last chunk) all
+    # NaN before the call: nothing but the real rows may reach a result, every real row written
+    calls = _spy_ws(monkeypatch)
+    _nan_lse_scratch(monkeypatch)
+    shape = dict(num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
+    q, k, v, k_cache, v_cache, meta, n = _case(q_lens, ctx_lens, **shape, seed=sum(ctx_lens) + 1)
+    qkv = torch.cat([q, k, v], dim=1)  # the engine's fused projection, sliced into views
+    qkv[n:] = float("nan")
+    q, k, v = qkv.split([8, 2, 2], dim=1)
+    ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, 0.125)
+    out = nan_like(q)
+    dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, 0.125, out=out, config=config)
+    assert calls == [config]
+    assert not out[:n].isnan().any(), "NaN (or an unwritten row) in a real token"
+    assert_close(out[:n], ref[:n], torch.bfloat16)
+    assert out[n:].isnan().all(), "padding tokens were written"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy: overflow, log2(0)
+@pytest.mark.parametrize(
+    "config",
+    [None, SMALL, SMALL_WS, SMALL_WS_HOST],
+    ids=lambda c: config_label(c) if c else "default",
+)
+def test_dense_prefill_row_without_visible_chunk_key(config):
+    # A query row for which every key of its own chunk scores -inf (q.k overflows float32), so
+    # the chunk kernel of the warp-specialized variant meets a row with no visible key at all:
+    # it must give that row p = 0, l = 0 (not exp2(-inf - -inf) = NaN) and a log-sum-exp of
+    # -inf, which the merge turns into attention over the cached prefix alone (the reference's
+    # softmax: chunk keys of weight 0). Other rows: one chunk key value, finite scores.
+    shape = dict(num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
+    q, k, v, k_cache, v_cache, meta, n = _case([40], [19], **shape, seed=12)
+    k[:n] = -1e20  # every chunk key alike; written to the cache too (the reference reads it)
+    block_tables = meta[0]
+    for p in range(40):
+        blk, slot = int(block_tables[0, (19 + p) // 16]), (19 + p) % 16
+        k_cache[blk, slot] = k[p]
+    q[7, 1], q[33, 3] = 1e20, 1e20  # rows whose chunk keys all score -inf; the rest keep q
+    ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, 0.125)
+    assert ref[:n].isfinite().all()
+    out = dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, 0.125, config=config)
+    assert not out[:n].isnan().any()
     assert_close(out[:n], ref[:n], torch.bfloat16)
 
 
