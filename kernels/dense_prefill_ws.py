@@ -14,9 +14,10 @@
 #   attends over the prefix through the block table and merges with the chunk's result through
 #   the chunk's log-sum-exp (base 2). Programs of prefix-free sequences return at once.
 # Descriptors: HOST_DESC uses host TensorDescriptors over q/k/v seen as 2-D [num_tokens,
-# heads * head_dim] (keys past a chunk's end then come from the next sequence or padding; the
-# causal mask zeroes their weights). Otherwise each program builds descriptors bounded by its
-# own chunk in the kernel (the copy engine zero-fills past the end; needs triton.set_allocator).
+# heads * head_dim]; a tile crossing a chunk's end is moved back to end there, so k/v rows past
+# it (the next sequence, or padding that may hold NaN) are never read. Otherwise each program
+# builds descriptors bounded by its own chunk in the kernel (the copy engine zero-fills past
+# the end; needs triton.set_allocator).
 import torch
 import triton
 import triton.language as tl
@@ -97,14 +98,23 @@ def _ws_chunk_kernel(
         kv_end = tl.minimum(m0 + BLOCK_M, q_len)  # one past the last real query of the tile
         for n0 in tl.range(0, kv_end, BLOCK_N, warp_specialize=WARP_SPEC):
             if HOST_DESC:
-                k = k_desc.load([q_start + n0, kv_head * HEAD_DIM])
+                # the last tile moves back to end at kv_end, over keys an earlier tile counted
+                # (masked below): it never reads a row past the chunk, which may be padding
+                # holding anything (a weight of 0 does not cancel a NaN of V in P @ V). Rows
+                # before the first token (negative) read as zeros, other sequences' are finite.
+                n_ld = tl.minimum(n0, kv_end - BLOCK_N)
+                k = k_desc.load([q_start + n_ld, kv_head * HEAD_DIM])
             else:
+                n_ld = n0  # the chunk's own descriptors: rows past its end read as zeros
                 k = k_view.load([n0, 0])
             if UPCAST_DOT:
                 k = k.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))  # causal
+            offs_n = n_ld + tl.arange(0, BLOCK_N)
+            visible = offs_n[None, :] <= offs_m[:, None]  # causal
+            if HOST_DESC:
+                visible = visible & (offs_n >= n0)[None, :]
+            s = tl.where(visible, s, float("-inf"))
             # key 0 is visible to every row, so m_new is a real score from the first tile on;
             # >= M_FLOOR in any case: a fully masked row or tile gives p = 0, never NaN
             m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
@@ -112,7 +122,7 @@ def _ws_chunk_kernel(
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if HOST_DESC:
-                v = v_desc.load([q_start + n0, kv_head * HEAD_DIM])
+                v = v_desc.load([q_start + n_ld, kv_head * HEAD_DIM])
             else:
                 v = v_view.load([n0, 0])
             if UPCAST_DOT:
