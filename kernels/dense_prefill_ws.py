@@ -246,12 +246,25 @@ def ws_ready(t: torch.Tensor) -> bool:
     )
 
 
+def _aligned_bytes(size: int, alignment: int, device) -> torch.Tensor:
+    """`size` bytes starting at a multiple of `alignment` (the slice keeps its buffer alive)."""
+    alignment = max(1, alignment)
+    buf = torch.empty(size + alignment - 1, dtype=torch.int8, device=device)
+    skip = -buf.data_ptr() % alignment
+    return buf[skip : skip + size]
+
+
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    """Triton's allocator for the launch's global scratch: one tensor map per in-kernel
+    descriptor and program, written by the kernel itself. On the current device and stream
+    (Triton launches there); the caching allocator may hand the bytes to a later allocation
+    once this launch is queued, which stream order makes safe."""
+    return _aligned_bytes(size, alignment, torch.device("cuda", torch.cuda.current_device()))
 
 
 def _ensure_allocator() -> None:
-    """In-kernel descriptors live in a global scratch buffer that Triton asks an allocator for."""
+    """In-kernel descriptors live in a global scratch buffer that Triton asks an allocator for
+    (set per thread: Triton keeps it in a ContextVar). One set by someone else is kept."""
     from triton.runtime import _allocation
 
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
