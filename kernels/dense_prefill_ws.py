@@ -17,7 +17,9 @@
 # heads * head_dim]; a tile crossing a chunk's end is moved back to end there, so k/v rows past
 # it (the next sequence, or padding that may hold NaN) are never read. Otherwise each program
 # builds descriptors bounded by its own chunk in the kernel (the copy engine zero-fills past
-# the end; needs triton.set_allocator).
+# the end; needs triton.set_allocator). On the H200 (Triton 3.6) the HOST_DESC variants hang or
+# fail to compile, likely because the pass halves the q tile between the two consumer
+# warpgroups, which a host descriptor's fixed box cannot follow (triton-lang/triton#11587).
 import torch
 import triton
 import triton.language as tl
