@@ -1,6 +1,7 @@
-# The real HTTP server (api/server.py: uvicorn, httptools or h11) in a thread of the test process: a client
-# that never finishes its headers, or drips them, is disconnected; a body that stalls is answered
-# 408 and disconnected; the metrics listener serves /metrics without a key and nothing else.
+# The real HTTP server (api/server.py: uvicorn, httptools or h11) in a thread of the test
+# process: a client that never finishes its headers, or drips them, is disconnected; a body that
+# stalls is answered 408 and disconnected; the metrics listener serves /metrics without a key
+# and nothing else.
 from __future__ import annotations
 
 import json
