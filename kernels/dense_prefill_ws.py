@@ -13,13 +13,16 @@
 # * The cached prefix (seq_len > q_len) runs in a second kernel, _prefix_merge_kernel: it
 #   attends over the prefix through the block table and merges with the chunk's result through
 #   the chunk's log-sum-exp (base 2). Programs of prefix-free sequences return at once.
-# Descriptors: HOST_DESC uses host TensorDescriptors over q/k/v seen as 2-D [num_tokens,
-# heads * head_dim]; a tile crossing a chunk's end is moved back to end there, so k/v rows past
-# it (the next sequence, or padding that may hold NaN) are never read. Otherwise each program
-# builds descriptors bounded by its own chunk in the kernel (the copy engine zero-fills past
-# the end; needs triton.set_allocator). On the H200 (Triton 3.6) the HOST_DESC variants hang or
-# fail to compile, likely because the pass halves the q tile between the two consumer
-# warpgroups, which a host descriptor's fixed box cannot follow (triton-lang/triton#11587).
+# * q's row coordinate must be an SSA value used by nothing else the pass slices (see the load
+#   of q): the pass maps a load coordinate to coordinate + BLOCK_M / 2 throughout the second
+#   consumer warpgroup, and an index tensor built on the same value gets offset twice.
+# Descriptors: q always through one the program builds (the pass can halve its box, not a host
+# descriptor's: that mismatch was the hang of the host-descriptor variants). k/v: HOST_DESC uses
+# host TensorDescriptors over k/v seen as 2-D [num_tokens, num_kv_heads * head_dim]; a tile
+# crossing a chunk's end is moved back to end there, so k/v rows past it (the next sequence, or
+# padding that may hold NaN) are never read. Otherwise each program builds k/v descriptors
+# bounded by its own chunk (the copy engine zero-fills past the end). In-kernel descriptors
+# need triton.set_allocator (_ensure_allocator).
 import torch
 import triton
 import triton.language as tl
@@ -42,7 +45,6 @@ def _ws_chunk_kernel(
     v_ptr,
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
     lse_ptr,  # [num_tokens, num_heads] float32: log2 of each row's softmax denominator, scaled
-    q_desc,  # HOST_DESC: q as [num_tokens, num_heads * HEAD_DIM] in [BLOCK_M, HEAD_DIM] boxes
     k_desc,  # HOST_DESC: k as [num_tokens, num_kv_heads * HEAD_DIM] in [BLOCK_N, HEAD_DIM] boxes
     v_desc,
     query_start_loc_ptr,  # [num_seqs + 1]
@@ -73,15 +75,28 @@ def _ws_chunk_kernel(
     # specialization pass takes structured control flow only
     if m0 < q_len:
         offs_m = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index in the chunk
-        if HOST_DESC:
-            q = q_desc.load([q_start + m0, head * HEAD_DIM])
-        else:
+        # q through a descriptor built here, whatever HOST_DESC: the pass gives each consumer
+        # warpgroup its half of the tile by shrinking the load's box to BLOCK_M / 2 rows and
+        # offsetting its row coordinate, which it can do to a descriptor made in the kernel but
+        # not to a host one (whose box stays BLOCK_M rows: the copy engine then writes twice
+        # the bytes the mbarrier expects, past the half-tile buffer; the hang of the host
+        # descriptor variants on the H200). Rows from the first token to the chunk's end; rows
+        # past it read as zeros.
+        q_view = tl.make_tensor_descriptor(
+            q_ptr + head * HEAD_DIM, shape=[q_start + q_len, HEAD_DIM],
+            strides=[stride_q_tok, 1], block_shape=[BLOCK_M, HEAD_DIM],
+        )  # fmt: skip
+        # The row coordinate is q_start + m0, a value of its own, never m0: the pass (Triton
+        # 3.6, WSDataPartition) offsets a load's coordinate for the second warpgroup by mapping
+        # that SSA value to value + BLOCK_M / 2 in everything it slices for that warpgroup. Were
+        # it m0, the splat of m0 in offs_m would be offset too, on top of the arange it already
+        # slices to [BLOCK_M / 2, BLOCK_M): the second warpgroup would mask and store rows m0 +
+        # BLOCK_M ... (the next tile's first half, racing with it) and never its own (the H200's
+        # prefill_ws_diagnose of 2026-12-02: rows pos % 128 >= 64 unwritten, rows < 64 racy).
+        q = q_view.load([q_start + m0, 0])
+        if not HOST_DESC:
             start = q_start.to(tl.int64)
-            # [q_len, HEAD_DIM] views of this chunk: rows past its end read as zeros
-            q_view = tl.make_tensor_descriptor(
-                q_ptr + start * stride_q_tok + head * HEAD_DIM, shape=[q_len, HEAD_DIM],
-                strides=[stride_q_tok, 1], block_shape=[BLOCK_M, HEAD_DIM],
-            )  # fmt: skip
+            # [q_len, HEAD_DIM] views of this chunk's k/v: rows past its end read as zeros
             k_view = tl.make_tensor_descriptor(
                 k_ptr + start * stride_k_tok + kv_head * HEAD_DIM, shape=[q_len, HEAD_DIM],
                 strides=[stride_k_tok, 1], block_shape=[BLOCK_N, HEAD_DIM],
@@ -90,7 +105,6 @@ def _ws_chunk_kernel(
                 v_ptr + start * stride_v_tok + kv_head * HEAD_DIM, shape=[q_len, HEAD_DIM],
                 strides=[stride_v_tok, 1], block_shape=[BLOCK_N, HEAD_DIM],
             )  # fmt: skip
-            q = q_view.load([m0, 0])
         if UPCAST_DOT:
             q = q.to(tl.float32)
 
@@ -299,16 +313,9 @@ def ws_chunk(q, k, v, query_start_loc, max_query_len, qk_scale, out, cfg, *, lse
     if lse is None:
         lse = _lse_scratch(num_tokens, num_heads, q.device)
     host = cfg.tma
-    if host:
-        descs = (
-            _descriptor(q, cfg.block_m),
-            _descriptor(k, cfg.block_n),
-            _descriptor(v, cfg.block_n),
-        )
-    else:
-        descs = (None, None, None)
-        if not interpreting():
-            _ensure_allocator()
+    descs = (_descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)) if host else (None, None)
+    if not interpreting():
+        _ensure_allocator()  # q's descriptor (and k/v's without host ones) is built in-kernel
     grid = (num_heads, num_seqs, triton.cdiv(max_query_len, cfg.block_m))
     _ws_chunk_kernel[grid](
         q, k, v, out, lse, *descs, query_start_loc, qk_scale,

@@ -26,6 +26,7 @@ from kernels import dense_prefill_ws as dense_ws
 from kernels import fp8_quant, rms_norm, rotary, silu_mul, store_kv
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
+from tests.kernels.ttgir_rows import rows_problem, tma_box_mismatches
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # max shared memory per block on sm_90
@@ -68,6 +69,8 @@ def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages, m
     kernel = triton.compile(src, target=TARGET, options=options)
     ptx = kernel.asm["ptx"]
     wgmma = len(re.findall(r"wgmma\.mma_async", ptx))
+    ttgir = kernel.asm["ttgir"]
+    ws = "ttg.warp_specialize" in ttgir
     return {
         "kernel": fn.__name__,
         "constexprs": {k: str(v) for k, v in constexprs.items()},
@@ -83,6 +86,11 @@ def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages, m
         "mma_sync": len(re.findall(r"mma\.sync", ptx)),
         "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
         "spill_stores": len(re.findall(r"st\.local", ptx)),
+        # warp-specialized: do the consumer warpgroups split the tile's rows, and does every
+        # copy-engine load fill a buffer of its box's shape (tests/kernels/ttgir_rows.py)
+        "warp_specialized": ws,
+        "ws_rows_problem": rows_problem(ttgir, constexprs["BLOCK_M"]) if ws else None,
+        "tma_box_mismatches": tma_box_mismatches(ttgir),
     }
 
 
@@ -166,7 +174,6 @@ def _dense_variants(dt, kv, cfg, meta, group, head_dim):
     common = {"GROUP": group, "HEAD_DIM": head_dim, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"}
     if warp_spec:  # the chunk kernel (q/k/v through descriptors), then the prefix merge
         descs = {
-            "q_desc": f"tensordesc<{dt}[{block_m},{head_dim}]>",
             "k_desc": f"tensordesc<{dt}[{block_n},{head_dim}]>",
             "v_desc": f"tensordesc<{dt}[{block_n},{head_dim}]>",
         }
@@ -200,11 +207,17 @@ def _dense_variants(dt, kv, cfg, meta, group, head_dim):
     )  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """--only NAME: the variants of that kernel only (e.g. _ws_chunk_kernel)."""
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
     ok = True
     for fn, ptrs, floats, constexprs, num_warps, num_stages, *maxnreg in variants():
+        if only and fn.__name__ != only:
+            continue
         res = compile_sm90(fn, ptrs, floats, constexprs, num_warps, num_stages, *maxnreg)
         ok &= res["cubin"] and res["smem_ok"]
+        ok &= not res["ws_rows_problem"] and not res["tma_box_mismatches"]
         print(json.dumps(res), flush=True)
     return 0 if ok else 1
 
