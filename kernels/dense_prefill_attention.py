@@ -53,6 +53,12 @@ from kernels._launch import (
 from kernels.dense_prefill_ws import launch_ws, ws_ready
 from kernels.paged_prefill_attention import LOG2E, _attend_tile
 
+# PrefillConfig.lazy: the running max a tile's scores are taken against moves (and acc, l with
+# it) only when some row's max grows by more than this, in log2 units; otherwise p = exp2(s -
+# m) <= 2^8, well inside fp32 and bf16/fp16 range (fp16: 65504). Exact: acc and l always hold
+# sums against the same m, so acc / l is the softmax whatever m is.
+LAZY_THRESHOLD = tl.constexpr(8.0)
+
 
 def dense_prefill_attention_ref(
     q: torch.Tensor,
@@ -124,6 +130,7 @@ def _dense_tile(
     USE_TMA: tl.constexpr,  # unmasked tiles through the bulk tensor copy engine (sm_90)
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LAZY: tl.constexpr = False,  # rescale only when a row's max grows past LAZY_THRESHOLD
 ):
     offs_n = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index in the chunk
     offs_d = tl.arange(0, HEAD_DIM)
@@ -143,10 +150,27 @@ def _dense_tile(
         s = tl.where(offs_n[None, :] <= q_idx[:, None], s, float("-inf"))  # causal
     # qk_scale > 0 commutes with max; key 0 (the first tile) is visible to every row, so m_new
     # is finite from the first tile on and a fully masked later row gets p = 0
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
-    p = tl.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if LAZY:
+        # one branch for the whole program (a scalar): the acc / l rescale (BLOCK_M x HEAD_DIM
+        # multiplies) is skipped on the tiles where no row's max grows by more than the
+        # threshold, most of them once the first tiles have set the max. The first tile always
+        # rescales (m_i = -inf: the growth is +inf); a row without a visible key in this tile
+        # grows by -inf. The max moves for every row at once, to the true running max.
+        m_tile = tl.max(s, axis=1) * qk_scale
+        if tl.max(m_tile - m_i, axis=0) > LAZY_THRESHOLD:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+        else:
+            m_new = m_i
+        p = tl.exp2(s * qk_scale - m_new[:, None])  # <= 2^LAZY_THRESHOLD
+        l_i = l_i + tl.sum(p, axis=1)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        p = tl.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
     if MASKED:
         v = tl.load(v_ptrs, mask=(offs_n < kv_end)[:, None], other=0.0)
     elif USE_TMA:
@@ -155,7 +179,8 @@ def _dense_tile(
         v = tl.load(v_ptrs)
     if UPCAST_DOT:
         v = v.to(tl.float32)
-    acc = acc * alpha[:, None]
+    if not LAZY:
+        acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -201,6 +226,7 @@ def _dense_prefill_kernel(
     USE_TMA: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LAZY: tl.constexpr = False,  # PrefillConfig.lazy: the chunk's key tiles rescale lazily
 ):
     kv_head = tl.program_id(0)
     seq = tl.program_id(1)
@@ -262,13 +288,13 @@ def _dense_prefill_kernel(
         m_i, l_i, acc = _dense_tile(
             q, q_idx, m_i, l_i, acc, n0, kv_end, k_seq_ptr, v_seq_ptr, k_desc, v_desc, q_start,
             kv_head * HEAD_DIM, qk_scale, stride_k_tok, stride_v_tok,
-            HEAD_DIM, BLOCK_N, False, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+            HEAD_DIM, BLOCK_N, False, USE_TMA, UPCAST_DOT, DOT_PRECISION, LAZY,
         )  # fmt: skip
     for n0 in range(full_end, kv_end, BLOCK_N):
         m_i, l_i, acc = _dense_tile(
             q, q_idx, m_i, l_i, acc, n0, kv_end, k_seq_ptr, v_seq_ptr, k_desc, v_desc, q_start,
             kv_head * HEAD_DIM, qk_scale, stride_k_tok, stride_v_tok,
-            HEAD_DIM, BLOCK_N, True, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+            HEAD_DIM, BLOCK_N, True, USE_TMA, UPCAST_DOT, DOT_PRECISION, LAZY,
         )  # fmt: skip
 
     o = acc / l_i[:, None]  # l_i >= 1: each row's max key contributes exp2(0)
@@ -290,6 +316,7 @@ class PrefillConfig(NamedTuple):
     tma: bool = False  # unmasked chunk tiles through host tensor descriptors (bulk tensor copy)
     maxnreg: int | None = None  # registers per thread; 128 with 8 warps: two programs per SM
     warp_spec: bool = False  # dense_prefill_ws: producer / consumer warpgroups (16-bit only)
+    lazy: bool = False  # rescale acc / l only when a row's max grows past LAZY_THRESHOLD
 
 
 def config_label(cfg: PrefillConfig) -> str:
@@ -297,6 +324,7 @@ def config_label(cfg: PrefillConfig) -> str:
     flags = [" tma"] if cfg.tma else []
     flags += [f" r{cfg.maxnreg}"] if cfg.maxnreg else []
     flags += [" ws"] if cfg.warp_spec else []
+    flags += [" lazy"] if cfg.lazy else []
     return "/".join(str(x) for x in cfg[:4]) + "".join(flags)
 
 
@@ -325,6 +353,10 @@ CONFIGS_TO_SWEEP = [
     # wgmma (32-key tiles: the only width that fits without spills or serialized wgmma)
     PrefillConfig(128, 32, 8, 2, True, 128), PrefillConfig(128, 32, 8, 3, True, 128),
     PrefillConfig(128, 32, 8, 2, False, 128),
+    # lazy rescaling (LAZY_THRESHOLD): the fastest tiles of the 2026-12-01 sweep, without the
+    # acc / l rescale on tiles where no row's max grows much
+    PrefillConfig(128, 64, 8, 3, lazy=True), PrefillConfig(128, 64, 8, 4, lazy=True),
+    PrefillConfig(128, 64, 8, 3, True, lazy=True), PrefillConfig(128, 128, 8, 2, lazy=True),
 ]  # fmt: skip
 # dense_prefill_ws; with tma=False each program bounds its own descriptors (no host ones).
 # 128 queries: two consumer warpgroups of 64 rows; 256 queries with 32-key tiles: of 128 rows
@@ -434,7 +466,7 @@ def dense_prefill_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        USE_TMA=k_desc is not None, UPCAST_DOT=upcast, DOT_PRECISION=precision,
+        USE_TMA=k_desc is not None, UPCAST_DOT=upcast, DOT_PRECISION=precision, LAZY=cfg.lazy,
         num_warps=num_warps, num_stages=num_stages, **_maxnreg(cfg),
     )  # fmt: skip
     return out

@@ -168,7 +168,7 @@ def variants(dt: str = "bf16"):
 
 
 def _dense_variants(dt, kv, cfg, meta, group, head_dim):
-    block_m, block_n, num_warps, num_stages, tma, maxnreg, warp_spec = cfg
+    block_m, block_n, num_warps, num_stages, tma, maxnreg, warp_spec = cfg[:7]
     meta_names = ("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr")
     meta_ptrs = dict.fromkeys(meta_names, meta)
     common = {"GROUP": group, "HEAD_DIM": head_dim, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"}
@@ -202,7 +202,7 @@ def _dense_variants(dt, kv, cfg, meta, group, head_dim):
          **({"k_desc": desc, "v_desc": desc} if tma else {})},
         ("qk_scale",),
         {**common, "BLOCK_SIZE": 16, "BLOCK_M": block_m, "BLOCK_N": block_n, "USE_TMA": tma,
-         **({} if tma else {"k_desc": None, "v_desc": None})},
+         "LAZY": cfg.lazy, **({} if tma else {"k_desc": None, "v_desc": None})},
         num_warps, num_stages, maxnreg,
     )  # fmt: skip
 

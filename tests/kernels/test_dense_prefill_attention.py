@@ -3,6 +3,8 @@
 # paged_prefill_attention_ref once store_kv has written the chunk into the cache: the engine may
 # call either kernel for a prefill. Tolerances: kernel_test_utils.TOL. Outputs start as NaN:
 # every real query token must be written and padding tokens must stay untouched.
+import itertools
+
 import pytest
 import torch
 
@@ -38,7 +40,9 @@ SMALL_TMA = PrefillConfig(32, 16, 4, 2, True)
 SMALL_R128 = PrefillConfig(32, 16, 4, 2, True, maxnreg=128)
 SMALL_WS = PrefillConfig(32, 16, 4, 2, warp_spec=True)
 SMALL_WS_HOST = PrefillConfig(32, 16, 4, 2, True, warp_spec=True)
-SMALL_CONFIGS = [None, SMALL, SMALL_TMA, SMALL_R128, SMALL_WS, SMALL_WS_HOST]
+SMALL_LAZY = PrefillConfig(32, 16, 4, 2, lazy=True)  # lazy rescaling (LAZY_THRESHOLD)
+SMALL_LAZY_TMA = PrefillConfig(32, 16, 4, 2, True, lazy=True)
+SMALL_CONFIGS = [None, SMALL, SMALL_TMA, SMALL_R128, SMALL_WS, SMALL_WS_HOST, SMALL_LAZY]
 
 
 def _case(q_lens, ctx_lens, *, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
@@ -111,6 +115,42 @@ def test_dense_prefill_matches_reference(
         q_lens, ctx_lens, config, num_heads=num_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, block_size=block_size, dtype=dtype, seed=sum(q_lens) + num_heads,
     )  # fmt: skip
+
+
+# log2 score of key p (before noise) for test_dense_prefill_lazy_rescale_exact, BLOCK_N = 16
+_LAZY_PROFILES = {
+    "random": None,  # the first tile sets the max, later ones rarely move it
+    "every_tile": lambda p: 10.0 * p / 16,  # +10 a tile (> LAZY_THRESHOLD): always rescales
+    "every_other": lambda p: 9.0 * (p // 32),  # +9 every other tile, flat between
+    "below": lambda p: 6.0 * (p // 16),  # +6 a tile: p up to 2^6, then 2^12 > 2^8 rescales
+}
+
+
+@pytest.mark.parametrize("config", [SMALL, SMALL_LAZY, SMALL_LAZY_TMA], ids=config_label)
+@pytest.mark.parametrize("profile", list(_LAZY_PROFILES))
+def test_dense_prefill_lazy_rescale_exact(config, profile):
+    # q pinned near one direction and keys whose scores (log2 units, scaled) grow along the
+    # sequence by a profile, so the running max moves past LAZY_THRESHOLD on some tiles and not
+    # on others. Exact up to 16-bit rounding against the fp32 reference, a cached prefix (random
+    # keys from the cache) included.
+    shape = dict(num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
+    q, k, v, k_cache, v_cache, meta, n = _case([70, 33], [0, 20], **shape, seed=17)
+    scale = 64**-0.5
+    ones = torch.ones(64, device=DEVICE)
+    q.copy_((q.float() * 0.05 + ones / 8).to(q.dtype))  # q . (c * ones) ~ 8 c
+    if _LAZY_PROFILES[profile]:
+        pos = torch.arange(k.shape[0], device=DEVICE, dtype=torch.float32)
+        starts = meta[2].tolist()
+        for s0, s1 in itertools.pairwise(starts):  # positions within each chunk
+            pos[s0:s1] -= s0
+        target = _LAZY_PROFILES[profile](pos)  # log2 units: 8 c * scale * log2(e)
+        c = target / (8 * scale * 1.4426950408889634)
+        k.copy_((k.float() * 0.05 + c[:, None, None] * ones).to(k.dtype))
+    out = nan_like(q)
+    dense_prefill_attention(q, k, v, k_cache, v_cache, *meta, scale, out=out, config=config)
+    ref = dense_prefill_attention_ref(q, k, v, k_cache, v_cache, *meta, scale)
+    assert not out[:n].isnan().any()
+    assert_close(out[:n], ref[:n], torch.bfloat16)
 
 
 def test_dense_reference_equals_paged_reference():
