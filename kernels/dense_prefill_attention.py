@@ -30,7 +30,8 @@
 #   graph; the grid depends only on host ints. kernel_bench.py sweeps the alternatives.
 # * Variants by PrefillConfig: tma (above), maxnreg (a register cap: 128 fits two 8-warp programs
 #   per SM), warp_spec (kernels/dense_prefill_ws.py: producer/consumer warpgroups, the cached
-#   prefix merged by a second kernel).
+#   prefix merged by a second kernel), lazy (the chunk tiles rescale acc / l only when a row's
+#   max grows past LAZY_THRESHOLD).
 from typing import NamedTuple
 
 import torch
