@@ -2,6 +2,11 @@
 
     python benchmarks/kernel_bench.py --json OUT.json   # on a CUDA GPU (sized for an H200)
     python benchmarks/kernel_bench.py --smoke           # tiny shapes; CPU: TRITON_INTERPRET=1
+    python benchmarks/kernel_bench.py --only prefill_sweep --json OUT.json  # opt-in section
+
+The prefill_sweep section (benchmarks/prefill_sweep.py; not in the default run) probes every
+dense prefill attention variant in a child process, then checks and times the survivors on
+1 x 8192 causal and the best ones on the other prefill shapes.
 
 For every case the script first CHECKS the Triton launcher against its torch reference at that
 size (max abs error and relative L2 error are printed; a failing check is reported and makes the
@@ -119,6 +124,7 @@ class Bench:
         self.copy_gbps: float | None = None
         self.matmul_tflops: float | None = None
         self.prefill_8k: dict[str, Any] | None = None
+        self.prefill_sweep: dict[str, Any] | None = None
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(0)
 
@@ -532,7 +538,7 @@ class Bench:
             lambda: self.dense.dense_prefill_attention(*args, out=out),
             note=str(self.dense.default_config(self.dtype, D)))  # fmt: skip
         for cfg in sweep:
-            label = "dense " + "/".join(str(x) for x in cfg[:4]) + (" tma" if cfg.tma else "")
+            label = "dense " + self.dense.config_label(cfg)
             add("dense_prefill_attention", label,
                 lambda cfg=cfg: self.dense.dense_prefill_attention(*args, out=out, config=cfg),
                 note="BLOCK_M/BLOCK_N/num_warps/num_stages")  # fmt: skip
@@ -560,6 +566,12 @@ class Bench:
         print(f"prefill 1x{L}: matmul ceiling {self.matmul_tflops:.1f} TFLOP/s; "
               + "; ".join(f"{k} {r['pct_of_matmul']:.0f}%" for k, r in rows.items()
                           if r["pct_of_matmul"]) + f"; best dense: {best}")  # fmt: skip
+
+    # -- every dense prefill variant, each probed in a child process first ----------------------
+    def bench_prefill_sweep(self) -> None:
+        from benchmarks.prefill_sweep import run_sweep
+
+        self.prefill_sweep = run_sweep(self.matmul_tflops, self.smoke)
 
     # -- memory-bound elementwise kernels -----------------------------------------------------
     def bench_elementwise(self) -> None:
@@ -782,9 +794,11 @@ class Bench:
             "prefill_8k": self.bench_prefill_8k,
             "elementwise": self.bench_elementwise,
             "fp8": self.bench_fp8,
+            "prefill_sweep": self.bench_prefill_sweep,
         }
+        opt_in = {"prefill_sweep"}  # long: only when --only names it
         for key, fn in sections.items():
-            if only and key not in only:
+            if (only and key not in only) or (not only and key in opt_in):
                 continue
             try:
                 fn()
@@ -804,6 +818,7 @@ class Bench:
             "matmul_bf16_TFLOPs": self.matmul_tflops,
             "elapsed_s": elapsed,
             "prefill_8k": self.prefill_8k,
+            "prefill_sweep": self.prefill_sweep,
             "results": [c.as_dict() for c in self.cases],
         }
 
@@ -826,7 +841,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma list of sections: decode,decode_splits,prefill,prefill_8k,elementwise,fp8",
+        help="comma list of sections: decode,decode_splits,prefill,prefill_8k,elementwise,fp8,"
+        "prefill_sweep (opt-in)",
     )
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)

@@ -28,6 +28,10 @@
 #   and sequence, and the cheap first tiles fill the tail of the last wave.
 # * Fixed launch configuration (no autotuning): deterministic, and safe to capture in a CUDA
 #   graph; the grid depends only on host ints. kernel_bench.py sweeps the alternatives.
+# * Variants by PrefillConfig: tma (above), maxnreg (a register cap: 128 fits two 8-warp programs
+#   per SM), warp_spec (kernels/dense_prefill_ws.py: producer/consumer warpgroups, the cached
+#   prefix merged by a second kernel), lazy (the chunk tiles rescale acc / l only when a row's
+#   max grows past LAZY_THRESHOLD).
 from typing import NamedTuple
 
 import torch
@@ -44,9 +48,17 @@ from kernels._launch import (
     check_tensor,
     dot_config,
     host_int,
+    interpreting,
     output_buffer,
 )
+from kernels.dense_prefill_ws import launch_ws, ws_ready
 from kernels.paged_prefill_attention import LOG2E, _attend_tile
+
+# PrefillConfig.lazy: the running max a tile's scores are taken against moves (and acc, l with
+# it) only when some row's max grows by more than this, in log2 units; otherwise p = exp2(s -
+# m) <= 2^8, well inside fp32 and bf16/fp16 range (fp16: 65504). Exact: acc and l always hold
+# sums against the same m, so acc / l is the softmax whatever m is.
+LAZY_THRESHOLD = tl.constexpr(8.0)
 
 
 def dense_prefill_attention_ref(
@@ -119,6 +131,7 @@ def _dense_tile(
     USE_TMA: tl.constexpr,  # unmasked tiles through the bulk tensor copy engine (sm_90)
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LAZY: tl.constexpr = False,  # rescale only when a row's max grows past LAZY_THRESHOLD
 ):
     offs_n = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index in the chunk
     offs_d = tl.arange(0, HEAD_DIM)
@@ -138,10 +151,27 @@ def _dense_tile(
         s = tl.where(offs_n[None, :] <= q_idx[:, None], s, float("-inf"))  # causal
     # qk_scale > 0 commutes with max; key 0 (the first tile) is visible to every row, so m_new
     # is finite from the first tile on and a fully masked later row gets p = 0
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
-    p = tl.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if LAZY:
+        # one branch for the whole program (a scalar): the acc / l rescale (BLOCK_M x HEAD_DIM
+        # multiplies) is skipped on the tiles where no row's max grows by more than the
+        # threshold, most of them once the first tiles have set the max. The first tile always
+        # rescales (m_i = -inf: the growth is +inf); a row without a visible key in this tile
+        # grows by -inf. The max moves for every row at once, to the true running max.
+        m_tile = tl.max(s, axis=1) * qk_scale
+        if tl.max(m_tile - m_i, axis=0) > LAZY_THRESHOLD:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+        else:
+            m_new = m_i
+        p = tl.exp2(s * qk_scale - m_new[:, None])  # <= 2^LAZY_THRESHOLD
+        l_i = l_i + tl.sum(p, axis=1)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        p = tl.exp2(s * qk_scale - m_new[:, None])  # one FMA per score
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
     if MASKED:
         v = tl.load(v_ptrs, mask=(offs_n < kv_end)[:, None], other=0.0)
     elif USE_TMA:
@@ -150,7 +180,8 @@ def _dense_tile(
         v = tl.load(v_ptrs)
     if UPCAST_DOT:
         v = v.to(tl.float32)
-    acc = acc * alpha[:, None]
+    if not LAZY:
+        acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -196,6 +227,7 @@ def _dense_prefill_kernel(
     USE_TMA: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LAZY: tl.constexpr = False,  # PrefillConfig.lazy: the chunk's key tiles rescale lazily
 ):
     kv_head = tl.program_id(0)
     seq = tl.program_id(1)
@@ -257,13 +289,13 @@ def _dense_prefill_kernel(
         m_i, l_i, acc = _dense_tile(
             q, q_idx, m_i, l_i, acc, n0, kv_end, k_seq_ptr, v_seq_ptr, k_desc, v_desc, q_start,
             kv_head * HEAD_DIM, qk_scale, stride_k_tok, stride_v_tok,
-            HEAD_DIM, BLOCK_N, False, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+            HEAD_DIM, BLOCK_N, False, USE_TMA, UPCAST_DOT, DOT_PRECISION, LAZY,
         )  # fmt: skip
     for n0 in range(full_end, kv_end, BLOCK_N):
         m_i, l_i, acc = _dense_tile(
             q, q_idx, m_i, l_i, acc, n0, kv_end, k_seq_ptr, v_seq_ptr, k_desc, v_desc, q_start,
             kv_head * HEAD_DIM, qk_scale, stride_k_tok, stride_v_tok,
-            HEAD_DIM, BLOCK_N, True, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+            HEAD_DIM, BLOCK_N, True, USE_TMA, UPCAST_DOT, DOT_PRECISION, LAZY,
         )  # fmt: skip
 
     o = acc / l_i[:, None]  # l_i >= 1: each row's max key contributes exp2(0)
@@ -278,19 +310,35 @@ def _dense_prefill_kernel(
 # Launcher
 # ---------------------------------------------------------------------------------------------
 class PrefillConfig(NamedTuple):
-    block_m: int  # (query, group head) rows per program
+    block_m: int  # (query, group head) rows per program; warp_spec: queries of one head
     block_n: int  # keys per tile
-    num_warps: int
+    num_warps: int  # warp_spec: per consumer warpgroup (4), the kernel runs three warpgroups
     num_stages: int  # software-pipelining depth of the key loops
     tma: bool = False  # unmasked chunk tiles through host tensor descriptors (bulk tensor copy)
+    maxnreg: int | None = None  # registers per thread; 128 with 8 warps: two programs per SM
+    warp_spec: bool = False  # dense_prefill_ws: producer / consumer warpgroups (16-bit only)
+    lazy: bool = False  # rescale acc / l only when a row's max grows past LAZY_THRESHOLD
+
+
+def config_label(cfg: PrefillConfig) -> str:
+    """BLOCK_M/BLOCK_N/num_warps/num_stages and the variant's flags, e.g. '128/64/8/4 tma'."""
+    flags = [" tma"] if cfg.tma else []
+    flags += [f" r{cfg.maxnreg}"] if cfg.maxnreg else []
+    flags += [" ws"] if cfg.warp_spec else []
+    flags += [" lazy"] if cfg.lazy else []
+    return "/".join(str(x) for x in cfg[:4]) + "".join(flags)
 
 
 # 16-bit with head_dim <= 128 on sm_90: two warpgroups of wgmma over 128 rows, 64-key tiles,
 # cp.async pointer loads four stages deep. The best of CONFIGS_TO_SWEEP on an H200 (1 x 8192
 # causal, Llama-3.1-8B heads: 1.188 ms, 65 % of the bf16 matmul ceiling; the copy-engine variant
 # of the same tiles, three stages, 1.237 ms; docs/benchmarks.md). kernel_bench.py's prefill_8k
-# section re-times the sweep and names the best.
+# section re-times the sweep and names the best; its prefill_sweep section also times
+# CONFIGS_WARP_SPEC, each variant in a child process first. A warp_spec config here is used for
+# chunks of at least block_m queries whose q/k/v the descriptors take (ws_ready), CONFIG_PLAIN
+# otherwise.
 CONFIG_16BIT = PrefillConfig(128, 64, 8, 4)
+CONFIG_PLAIN = PrefillConfig(128, 64, 8, 4)  # 16-bit where a warp_spec config cannot run
 CONFIG_WIDE = PrefillConfig(64, 32, 4, 3)  # fp32, or head_dim > 128: tiles of twice the bytes
 CONFIGS_TO_SWEEP = [
     PrefillConfig(128, 64, 8, 3), PrefillConfig(128, 64, 8, 4), PrefillConfig(128, 128, 8, 2),
@@ -300,6 +348,24 @@ CONFIGS_TO_SWEEP = [
     # 64-row tiles: two programs per multiprocessor fit in registers and shared memory
     PrefillConfig(64, 64, 4, 2), PrefillConfig(64, 64, 4, 3), PrefillConfig(64, 64, 4, 3, True),
     PrefillConfig(64, 128, 4, 2, True),
+    # two stages: fewer registers (ptxas: 208 with the copy engine, 227 without, no spills)
+    PrefillConfig(128, 64, 8, 2), PrefillConfig(128, 64, 8, 2, True),
+    # 128 registers: two 8-warp programs per multiprocessor, one's softmax beside the other's
+    # wgmma (32-key tiles: the only width that fits without spills or serialized wgmma)
+    PrefillConfig(128, 32, 8, 2, True, 128), PrefillConfig(128, 32, 8, 3, True, 128),
+    PrefillConfig(128, 32, 8, 2, False, 128),
+    # lazy rescaling (LAZY_THRESHOLD): the fastest tiles of the 2026-12-01 sweep, without the
+    # acc / l rescale on tiles where no row's max grows much
+    PrefillConfig(128, 64, 8, 3, lazy=True), PrefillConfig(128, 64, 8, 4, lazy=True),
+    PrefillConfig(128, 64, 8, 3, True, lazy=True), PrefillConfig(128, 128, 8, 2, lazy=True),
+]  # fmt: skip
+# dense_prefill_ws; with tma=False each program bounds its own descriptors (no host ones).
+# 128 queries: two consumer warpgroups of 64 rows; 256 queries with 32-key tiles: of 128 rows
+CONFIGS_WARP_SPEC = [
+    PrefillConfig(128, 128, 4, 2, warp_spec=True), PrefillConfig(128, 128, 4, 2, True, None, True),
+    PrefillConfig(128, 64, 4, 2, warp_spec=True), PrefillConfig(128, 64, 4, 2, True, None, True),
+    PrefillConfig(128, 64, 4, 3, warp_spec=True), PrefillConfig(128, 64, 4, 3, True, None, True),
+    PrefillConfig(128, 64, 4, 4, warp_spec=True), PrefillConfig(256, 32, 4, 2, warp_spec=True),
 ]  # fmt: skip
 
 
@@ -351,7 +417,8 @@ def dense_prefill_attention(
     paged_prefill_attention). max_query_len: host int >= every q_len (sizes the grid).
     Tokens after query_start_loc[-1] (CUDA-graph padding) are left untouched in `out`.
     config: for benchmarks and tests; None picks default_config (a TMA config falls back to
-    pointer loads when k or v cannot be described, see tma_ready).
+    pointer loads when k or v cannot be described, see tma_ready; a warp_spec one to
+    CONFIG_PLAIN or CONFIG_WIDE for fp32, head_dim > 128, or q/k/v that fail ws_ready).
     """
     shape = check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
     num_seqs, num_heads, num_kv_heads = shape.num_seqs, shape.num_heads, shape.num_kv_heads
@@ -372,16 +439,26 @@ def dense_prefill_attention(
     check_launchable(q)
 
     group = num_heads // num_kv_heads
-    rows = max_query_len * group  # (query, group head) rows of the longest chunk
     upcast, precision = dot_config(q.dtype)
-    BLOCK_M, BLOCK_N, num_warps, num_stages, tma = config or default_config(q.dtype, head_dim)
-    if config is None and rows < BLOCK_M:  # short chunks: small tiles
-        BLOCK_M = max(16, triton.next_power_of_2(rows))
-        num_warps = 4 if BLOCK_M < 128 else num_warps
+    cfg = config or default_config(q.dtype, head_dim)
+    if cfg.warp_spec:
+        wide = q.dtype == torch.float32 or head_dim > 128  # no 16-bit wgmma, or too big
+        short = config is None and max_query_len < cfg.block_m  # the packed small tiles win
+        if not (wide or short) and all(ws_ready(t) for t in (q, k, v)):
+            merge_cfg = _short_tiles(CONFIG_PLAIN, max_query_len * group)
+            launch_ws(
+                q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                max_query_len, float(scale) * LOG2E, out, cfg, merge_cfg,
+            )  # fmt: skip
+            return out
+        cfg = CONFIG_WIDE if wide else CONFIG_PLAIN
+    if config is None:
+        cfg = _short_tiles(cfg, max_query_len * group)
+    BLOCK_M, BLOCK_N, num_warps, num_stages, tma = cfg[:5]
     k_desc = v_desc = None
     if tma and tma_ready(k) and tma_ready(v):
         k_desc, v_desc = _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N)
-    grid = (num_kv_heads, num_seqs, triton.cdiv(rows, BLOCK_M))
+    grid = (num_kv_heads, num_seqs, triton.cdiv(max_query_len * group, BLOCK_M))
     _dense_prefill_kernel[grid](
         q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, k_desc, v_desc,
         float(scale) * LOG2E,
@@ -390,7 +467,19 @@ def dense_prefill_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        USE_TMA=k_desc is not None, UPCAST_DOT=upcast, DOT_PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+        USE_TMA=k_desc is not None, UPCAST_DOT=upcast, DOT_PRECISION=precision, LAZY=cfg.lazy,
+        num_warps=num_warps, num_stages=num_stages, **_maxnreg(cfg),
     )  # fmt: skip
     return out
+
+
+def _short_tiles(cfg: PrefillConfig, rows: int) -> PrefillConfig:
+    """Short chunks (fewer (query, group head) rows than a tile): small tiles."""
+    if rows >= cfg.block_m:
+        return cfg
+    block_m = max(16, triton.next_power_of_2(rows))
+    return cfg._replace(block_m=block_m, num_warps=4 if block_m < 128 else cfg.num_warps)
+
+
+def _maxnreg(cfg: PrefillConfig) -> dict:
+    return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}

@@ -2,12 +2,17 @@
 # Triton's NVIDIA backend and ptxas ship in the triton wheel. This catches compiled-mode errors
 # that the CPU interpreter cannot see (unsupported constructs, dot shapes, shared memory over the
 # Hopper limit). Run as `python -m tests.kernels.aot_sm90` WITHOUT TRITON_INTERPRET (interpreted
-# kernels cannot be compiled); prints one JSON line per kernel variant.
+# kernels cannot be compiled); prints one JSON line per kernel variant. wgmma_serialized: ptxas's
+# "wgmma.mma_async instructions are serialized" notes (C751x), each a lost overlap of tensor-core
+# work, found by running the bundled ptxas -v again on the PTX.
 # Uses Triton's compiler entry points (ASTSource, GPUTarget) as of triton 3.6.
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
@@ -17,15 +22,29 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels import dense_prefill_attention as dense
+from kernels import dense_prefill_ws as dense_ws
 from kernels import fp8_quant, rms_norm, rotary, silu_mul, store_kv
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
+from tests.kernels.ttgir_rows import rows_problem, tma_box_mismatches
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # max shared memory per block on sm_90
 
 
-def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages):
+def ptxas_notes(ptx: str, maxnreg: int | None) -> list[str]:
+    """The performance notes (C75xx codes) of triton's bundled ptxas -v on `ptx` for sm_90a."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        cmd = [str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(d) / "k.cubin")]
+        cmd += [f"--maxrregcount={maxnreg}"] if maxnreg else []
+        info = subprocess.run(cmd, capture_output=True, text=True).stderr
+    return sorted(set(re.findall(r"\((C75\d\d)\)", info)))
+
+
+def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages, maxnreg=None):
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -45,21 +64,33 @@ def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages):
         if signature[name].startswith("*") or name.startswith("stride_")
     }
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(
-        src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages}
-    )
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    options.update({"maxnreg": maxnreg} if maxnreg else {})
+    kernel = triton.compile(src, target=TARGET, options=options)
     ptx = kernel.asm["ptx"]
+    wgmma = len(re.findall(r"wgmma\.mma_async", ptx))
+    ttgir = kernel.asm["ttgir"]
+    ws = "ttg.warp_specialize" in ttgir
     return {
         "kernel": fn.__name__,
         "constexprs": {k: str(v) for k, v in constexprs.items()},
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+        "maxnreg": maxnreg,
         "cubin": "cubin" in kernel.asm,
         "shared": kernel.metadata.shared,
         "smem_ok": kernel.metadata.shared <= SMEM_LIMIT,
         "cp_async": len(re.findall(r"cp\.async", ptx)),
-        "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+        "wgmma": wgmma,
+        "wgmma_serialized": ptxas_notes(ptx, maxnreg) if wgmma else [],
         "mma_sync": len(re.findall(r"mma\.sync", ptx)),
         "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
         "spill_stores": len(re.findall(r"st\.local", ptx)),
+        # warp-specialized: do the consumer warpgroups split the tile's rows, and does every
+        # copy-engine load fill a buffer of its box's shape (tests/kernels/ttgir_rows.py)
+        "warp_specialized": ws,
+        "ws_rows_problem": rows_problem(ttgir, constexprs["BLOCK_M"]) if ws else None,
+        "tma_box_mismatches": tma_box_mismatches(ttgir),
     }
 
 
@@ -130,29 +161,63 @@ def variants(dt: str = "bf16"):
             continue
         configs = {(dense.CONFIG_16BIT, "i32")}
         if (group, head_dim) == (4, 128):  # Llama-3.1-8B: every config the benchmark times,
-            configs.update((c, "i32") for c in dense.CONFIGS_TO_SWEEP)
+            configs.update((c, "i32") for c in dense.CONFIGS_TO_SWEEP + dense.CONFIGS_WARP_SPEC)
             configs.add((dense.CONFIG_16BIT, "i64"))  # and int64 metadata (TMA offsets stay 32-bit)
-        for (block_m, block_n, num_warps, num_stages, tma), meta in sorted(configs):
-            desc = f"tensordesc<{dt}[{block_n},{head_dim}]>"
-            meta_names = ("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr")
-            meta_ptrs = dict.fromkeys(meta_names, meta)
-            yield (
-                dense._dense_prefill_kernel,
-                {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "out_ptr": dt, **kv, **meta_ptrs,
-                 **({"k_desc": desc, "v_desc": desc} if tma else {})},
-                ("qk_scale",),
-                {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_M": block_m,
-                 "BLOCK_N": block_n, "USE_TMA": tma, "UPCAST_DOT": False,
-                 "DOT_PRECISION": "tf32", **({} if tma else {"k_desc": None, "v_desc": None})},
-                num_warps, num_stages,
-            )  # fmt: skip
+        for cfg, meta in sorted(configs, key=lambda c: (dense.config_label(c[0]), c[1])):
+            yield from _dense_variants(dt, kv, cfg, meta, group, head_dim)
 
 
-def main() -> int:
+def _dense_variants(dt, kv, cfg, meta, group, head_dim):
+    block_m, block_n, num_warps, num_stages, tma, maxnreg, warp_spec = cfg[:7]
+    meta_names = ("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr")
+    meta_ptrs = dict.fromkeys(meta_names, meta)
+    common = {"GROUP": group, "HEAD_DIM": head_dim, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"}
+    if warp_spec:  # the chunk kernel (q/k/v through descriptors), then the prefix merge
+        descs = {
+            "k_desc": f"tensordesc<{dt}[{block_n},{head_dim}]>",
+            "v_desc": f"tensordesc<{dt}[{block_n},{head_dim}]>",
+        }
+        yield (
+            dense_ws._ws_chunk_kernel,
+            {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "out_ptr": dt, "lse_ptr": "fp32",
+             "query_start_loc_ptr": meta, **(descs if tma else {})},
+            ("qk_scale",),
+            {**common, "BLOCK_M": block_m, "BLOCK_N": block_n, "HOST_DESC": tma,
+             **({} if tma else dict.fromkeys(descs))},
+            num_warps, num_stages, None,
+        )  # fmt: skip
+        merge = dense.CONFIG_PLAIN
+        yield (
+            dense_ws._prefix_merge_kernel,
+            {"q_ptr": dt, "out_ptr": dt, "lse_ptr": "fp32", **kv, **meta_ptrs},
+            ("qk_scale",),
+            {**common, "BLOCK_SIZE": 16, "BLOCK_M": merge.block_m, "BLOCK_N": merge.block_n},
+            merge.num_warps, merge.num_stages, None,
+        )  # fmt: skip
+        return
+    desc = f"tensordesc<{dt}[{block_n},{head_dim}]>"
+    yield (
+        dense._dense_prefill_kernel,
+        {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "out_ptr": dt, **kv, **meta_ptrs,
+         **({"k_desc": desc, "v_desc": desc} if tma else {})},
+        ("qk_scale",),
+        {**common, "BLOCK_SIZE": 16, "BLOCK_M": block_m, "BLOCK_N": block_n, "USE_TMA": tma,
+         "LAZY": cfg.lazy, **({} if tma else {"k_desc": None, "v_desc": None})},
+        num_warps, num_stages, maxnreg,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """--only NAME: the variants of that kernel only (e.g. _ws_chunk_kernel)."""
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
     ok = True
-    for fn, ptrs, floats, constexprs, num_warps, num_stages in variants():
-        res = compile_sm90(fn, ptrs, floats, constexprs, num_warps, num_stages)
+    for fn, ptrs, floats, constexprs, num_warps, num_stages, *maxnreg in variants():
+        if only and fn.__name__ != only:
+            continue
+        res = compile_sm90(fn, ptrs, floats, constexprs, num_warps, num_stages, *maxnreg)
         ok &= res["cubin"] and res["smem_ok"]
+        ok &= not res["ws_rows_problem"] and not res["tma_box_mismatches"]
         print(json.dumps(res), flush=True)
     return 0 if ok else 1
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kernels.dense_prefill_attention import CONFIG_16BIT
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,3 +49,40 @@ def test_kernels_compile_for_sm90():
     assert "_dense_prefill_kernel" in names
     # the dense prefill path's TMA configs load K/V through the copy engine
     assert any(r["tma_loads"] for r in results if r["kernel"] == "_dense_prefill_kernel")
+    # the warp-specialized variant compiles (Triton 3.6's Hopper pass), copy engine throughout
+    ws = [r for r in results if r["kernel"] == "_ws_chunk_kernel"]
+    assert ws and all(r["tma_loads"] and not r["wgmma_serialized"] for r in ws), ws
+    # the default dense config keeps its wgmma chains asynchronous (no ptxas C751x note)
+    cfg = CONFIG_16BIT
+    default = [
+        r for r in results
+        if r["kernel"] == "_dense_prefill_kernel" and r["constexprs"]["HEAD_DIM"] == "128"
+        and (r["constexprs"]["BLOCK_M"], r["constexprs"]["BLOCK_N"]) == (str(cfg[0]), str(cfg[1]))
+        and (r["num_warps"], r["num_stages"]) == (cfg.num_warps, cfg.num_stages)
+    ]  # fmt: skip
+    assert default and not any(r["wgmma_serialized"] for r in default), default
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not _nvidia_backend_available(), reason="triton's NVIDIA backend (ptxas) is not installed"
+)
+def test_warp_specialized_consumers_split_the_rows():
+    """Every CONFIGS_WARP_SPEC chunk kernel, as Triton 3.6 warp-specializes it for sm_90: the
+    two consumer warpgroups work on rows [0, BLOCK_M / 2) and [BLOCK_M / 2, BLOCK_M) of the
+    tile (the H200 found the second one on the next tile's rows: q's load coordinate and the
+    row index shared an SSA value, which the pass offset twice), and every copy-engine load's
+    box matches its buffer (a host descriptor for q: a 128-row box into a 64-row buffer, the
+    hang)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.aot_sm90", "--only", "_ws_chunk_kernel"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert results and {r["constexprs"]["HOST_DESC"] for r in results} == {"True", "False"}
+    for r in results:
+        assert r["warp_specialized"], r
+        assert r["ws_rows_problem"] is None, r
+        assert not r["tma_box_mismatches"], r
