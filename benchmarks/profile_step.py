@@ -29,7 +29,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=500)
     ap.add_argument("--mixed", type=int, default=0, help="a new prompt of this many tokens a step")
     args = ap.parse_args()
-    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=max(args.seqs, 8)))
+    # Seats for the mixed steps' prompts beside the decodes (else they would only queue).
+    seats = args.seqs + (8 if args.mixed else 0)
+    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=max(seats, 8)))
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=args.steps + 50, ignore_eos=True)

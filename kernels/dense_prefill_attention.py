@@ -329,15 +329,19 @@ def config_label(cfg: PrefillConfig) -> str:
     return "/".join(str(x) for x in cfg[:4]) + "".join(flags)
 
 
-# 16-bit with head_dim <= 128 on sm_90: two warpgroups of wgmma over 128 rows, 64-key tiles,
-# cp.async pointer loads four stages deep. The best of CONFIGS_TO_SWEEP on an H200 (1 x 8192
-# causal, Llama-3.1-8B heads: 1.188 ms, 65 % of the bf16 matmul ceiling; the copy-engine variant
-# of the same tiles, three stages, 1.237 ms; docs/benchmarks.md). kernel_bench.py's prefill_8k
-# section re-times the sweep and names the best; its prefill_sweep section also times
-# CONFIGS_WARP_SPEC, each variant in a child process first. A warp_spec config here is used for
-# chunks of at least block_m queries whose q/k/v the descriptors take (ws_ready), CONFIG_PLAIN
-# otherwise.
-CONFIG_16BIT = PrefillConfig(128, 64, 8, 4)
+# 16-bit with head_dim <= 128 on sm_90: the warp-specialized kernel (dense_prefill_ws: a
+# producer warpgroup loading K/V, two consumer warpgroups of 64 query rows each, 128-key tiles,
+# two stages) for chunks of at least WS_MIN_QUERIES queries whose q/k/v the descriptors take
+# (ws_ready); CONFIG_PLAIN (two warpgroups of wgmma over 128 packed (query, head) rows, 64-key
+# tiles, cp.async pointer loads four stages deep) otherwise. H200 sweep of 2026-12-01
+# (benchmarks/jobs/prefill_attn_sweep.sh, docs/benchmarks.md), 1 x 8192 causal, Llama-3.1-8B
+# heads: ws 1.120 ms = 70.1 % of the bf16 matmul ceiling, CONFIG_PLAIN 1.191 ms = 65.9 %; ws is
+# also ahead on 1 x 4096 (-9 %), 4 x 2048 (-9 %), 16 x 512 (-7 %) and 8,192 after 16,384 cached
+# (-3 %), behind on short chunks after a cached prefix (4 x 512 after 3,584: +2 %; 16 x 128
+# after 1,024: +11 %), hence the threshold. The ws configs with three or four stages still
+# return NaN under Triton 3.6 (the sweep checks every variant against the reference).
+CONFIG_16BIT = PrefillConfig(128, 128, 4, 2, warp_spec=True)
+WS_MIN_QUERIES = 1024
 CONFIG_PLAIN = PrefillConfig(128, 64, 8, 4)  # 16-bit where a warp_spec config cannot run
 CONFIG_WIDE = PrefillConfig(64, 32, 4, 3)  # fp32, or head_dim > 128: tiles of twice the bytes
 CONFIGS_TO_SWEEP = [
@@ -443,7 +447,7 @@ def dense_prefill_attention(
     cfg = config or default_config(q.dtype, head_dim)
     if cfg.warp_spec:
         wide = q.dtype == torch.float32 or head_dim > 128  # no 16-bit wgmma, or too big
-        short = config is None and max_query_len < cfg.block_m  # the packed small tiles win
+        short = config is None and max_query_len < max(cfg.block_m, WS_MIN_QUERIES)
         if not (wide or short) and all(ws_ready(t) for t in (q, k, v)):
             merge_cfg = _short_tiles(CONFIG_PLAIN, max_query_len * group)
             launch_ws(

@@ -159,10 +159,11 @@ def variants(dt: str = "bf16"):
             )  # fmt: skip
         if kv_fp8:  # the dense path keeps the cache in q's dtype
             continue
-        configs = {(dense.CONFIG_16BIT, "i32")}
+        configs = {(dense.CONFIG_16BIT, "i32"), (dense.CONFIG_PLAIN, "i32")}
         if (group, head_dim) == (4, 128):  # Llama-3.1-8B: every config the benchmark times,
             configs.update((c, "i32") for c in dense.CONFIGS_TO_SWEEP + dense.CONFIGS_WARP_SPEC)
             configs.add((dense.CONFIG_16BIT, "i64"))  # and int64 metadata (TMA offsets stay 32-bit)
+            configs.add((dense.CONFIG_PLAIN, "i64"))
         for cfg, meta in sorted(configs, key=lambda c: (dense.config_label(c[0]), c[1])):
             yield from _dense_variants(dt, kv, cfg, meta, group, head_dim)
 

@@ -247,12 +247,15 @@ def test_dense_prefill_ws_falls_back(monkeypatch):
 
 
 def test_dense_prefill_ws_as_default(monkeypatch):
-    # CONFIG_16BIT set to a warp_spec config (how a sweep winner becomes the default): chunks of
-    # at least block_m queries take it; shorter chunks and fp32 the plain kernel
+    # CONFIG_16BIT is a warp_spec config (as on the H200): chunks of at least block_m and
+    # WS_MIN_QUERIES queries take it; shorter chunks and fp32 the plain kernel
+    assert dense_mod.CONFIG_16BIT.warp_spec
     calls = _spy_ws(monkeypatch)
     monkeypatch.setattr(dense_mod, "CONFIG_16BIT", SMALL_WS)
+    monkeypatch.setattr(dense_mod, "WS_MIN_QUERIES", 36)
     shape = dict(num_heads=8, num_kv_heads=2, head_dim=64, block_size=16)
-    runs = [(torch.bfloat16, [40, 7]), (torch.bfloat16, [20, 7]), (torch.float32, [40, 7])]
+    runs = [(torch.bfloat16, [40, 7]), (torch.bfloat16, [34, 7]), (torch.bfloat16, [20, 7]),
+            (torch.float32, [40, 7])]  # fmt: skip
     for i, (dtype, q_lens) in enumerate(runs):
         _check(q_lens, [0, 9], None, **shape, dtype=dtype, seed=50 + i)
     assert calls == [SMALL_WS]
