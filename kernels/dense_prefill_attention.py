@@ -338,8 +338,7 @@ def config_label(cfg: PrefillConfig) -> str:
 # heads: ws 1.120 ms = 70.1 % of the bf16 matmul ceiling, CONFIG_PLAIN 1.191 ms = 65.9 %; ws is
 # also ahead on 1 x 4096 (-9 %), 4 x 2048 (-9 %), 16 x 512 (-7 %) and 8,192 after 16,384 cached
 # (-3 %), behind on short chunks after a cached prefix (4 x 512 after 3,584: +2 %; 16 x 128
-# after 1,024: +11 %), hence the threshold. The ws configs with three or four stages still
-# return NaN under Triton 3.6 (the sweep checks every variant against the reference).
+# after 1,024: +11 %), hence the threshold.
 CONFIG_16BIT = PrefillConfig(128, 128, 4, 2, warp_spec=True)
 WS_MIN_QUERIES = 1024
 CONFIG_PLAIN = PrefillConfig(128, 64, 8, 4)  # 16-bit where a warp_spec config cannot run
@@ -365,11 +364,12 @@ CONFIGS_TO_SWEEP = [
 ]  # fmt: skip
 # dense_prefill_ws; with tma=False each program bounds its own descriptors (no host ones).
 # 128 queries: two consumer warpgroups of 64 rows; 256 queries with 32-key tiles: of 128 rows
+# Two stages only: with three or four (128/64/4/3, 128/64/4/3 tma, 128/64/4/4) Triton 3.6's
+# pipeline returns NaN on the H200 (sweep and GPU tests of 2026-12-01), so they are left out.
 CONFIGS_WARP_SPEC = [
     PrefillConfig(128, 128, 4, 2, warp_spec=True), PrefillConfig(128, 128, 4, 2, True, None, True),
     PrefillConfig(128, 64, 4, 2, warp_spec=True), PrefillConfig(128, 64, 4, 2, True, None, True),
-    PrefillConfig(128, 64, 4, 3, warp_spec=True), PrefillConfig(128, 64, 4, 3, True, None, True),
-    PrefillConfig(128, 64, 4, 4, warp_spec=True), PrefillConfig(256, 32, 4, 2, warp_spec=True),
+    PrefillConfig(256, 32, 4, 2, warp_spec=True),
 ]  # fmt: skip
 
 

@@ -18,7 +18,7 @@
 #   prefill_sweep_h200.json (kernel_bench's report; the sweep under "prefill_sweep"),
 #   prefill_sweep.log (every row as measured, then the summary), gpu.txt (clocks, power),
 #   prefill_sweep_partial.json (rows so far and the one running: kept if the job is cut).
-# DIAGNOSE_ARGS: more prefill_ws_diagnose.py arguments (e.g. --config "128/64/4/3");
+# DIAGNOSE_ARGS: more prefill_ws_diagnose.py arguments (e.g. --config "128/64/4/2");
 # SKIP_TMA_DIAGNOSE=1: not the second diagnostic; SKIP_SWEEP=1: the diagnostics only. SWEEP_ARGS: more kernel_bench.py arguments (--smoke: a CPU
 # dry run under TRITON_INTERPRET=1).
 set -u
