@@ -33,6 +33,9 @@ class EngineConfig:
     # half the host time to launch such a step, ~5 % off the mean step (docs/benchmarks.md).
     use_piecewise_graphs: bool = True
     piecewise_max_tokens: int = 2048
+    # Their token-count buckets: 0, powers of two; N, powers of two up to N then every multiple
+    # of N (less padding, more graphs to capture). Not measured yet: docs/benchmarks.md.
+    piecewise_bucket_step: int = 0
     # Speculative decoding (docs/speculative.md; the adaptive rule lives in spec_policy.py).
     speculative_method: str | None = None  # None (off) | "ngram" | "draft"
     num_speculative_tokens: int = 4  # k: most draft tokens proposed per request per step
@@ -74,6 +77,10 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be positive")
         if self.piecewise_max_tokens < 1:
             raise ValueError("piecewise_max_tokens must be positive")
+        if self.piecewise_bucket_step < 0 or self.piecewise_bucket_step & (
+            self.piecewise_bucket_step - 1
+        ):
+            raise ValueError("piecewise_bucket_step must be 0 or a power of two")
         if self.max_preemptions < 0:
             raise ValueError("max_preemptions must be >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -296,6 +296,7 @@ class ModelRunner:
                 self.model, self.kv_caches, self.cos_sin, device=self.device, dtype=self.dtype,
                 max_tokens=min(self.config.piecewise_max_tokens,
                                self.config.max_num_batched_tokens),
+                bucket_step=self.config.piecewise_bucket_step,
             )  # fmt: skip
             pool = self.piecewise.capture(pool)
         if self.draft is not None:

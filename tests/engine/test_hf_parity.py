@@ -95,7 +95,7 @@ def test_mixed_priorities_keep_outputs(family_case):
 def test_piecewise_graph_pieces_keep_outputs(family_case):
     # Steps with prompt chunks through the per-layer pieces (engine/piecewise_graphs.py), run
     # eagerly through the same static buffers on the CPU: padding to a bucket must not change
-    # a token. Small chunks make most steps mixed; 48 tokens is the largest bucket.
+    # a token. Small chunks make most steps mixed; buckets of 16, 32 and 48 tokens (a step ladder).
     from engine.piecewise_graphs import PiecewiseGraphs
 
     directory, prompts, expected = family_case
@@ -104,7 +104,7 @@ def test_piecewise_graph_pieces_keep_outputs(family_case):
     runner = llm.engine.runner
     pieces = PiecewiseGraphs(
         runner.model, runner.kv_caches, runner.cos_sin, device=runner.device,
-        dtype=runner.dtype, max_tokens=48, buckets=(8, 16, 32),
+        dtype=runner.dtype, max_tokens=48, bucket_step=16,
     )  # fmt: skip
     runs = []
     run = pieces.run
