@@ -3,7 +3,8 @@ own fused attention (SDPA per sequence with each of its backends, and the varlen
 packed batch, with any cached prefix gathered out of the paged cache first, or read in place
 through a block table where the installed torch supports it). Every variant is checked against
 the Triton kernel's output (itself checked against the fp32 reference in tests) and timed with
-CUDA events after an L2 flush; TFLOP/s count the causal half (QK^T and PV), as kernel_bench.py.
+CUDA events after an L2 flush (prefill_cases.time_ms); TFLOP/s count the causal half (QK^T
+and PV), as kernel_bench.py.
 
     python benchmarks/prefill_backends.py --json OUT.json   # CUDA only
 """
@@ -25,9 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.prefill_cases import flops as causal_flops  # noqa: E402
+from benchmarks.prefill_cases import time_ms  # noqa: E402
 from kernels.dense_prefill_attention import dense_prefill_attention  # noqa: E402
 
 H, HKV, D, BS = 32, 8, 128, 16
+DIMS = (H, HKV, D, BS)  # as benchmarks/prefill_cases.py
 SHAPES = [(1, 0, 8192), (1, 0, 4096), (4, 0, 2048), (16, 0, 512), (4, 1200, 800),
           (4, 3584, 512), (16, 1024, 128), (1, 16384, 8192)]  # fmt: skip
 
@@ -52,26 +56,6 @@ def make_inputs(n: int, prefix: int, q_len: int, seed: int = 0) -> dict:
     return dict(n=n, prefix=prefix, q_len=q_len, q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
                 table=table, seq_lens=seq_lens, cu_q=cu_q, cu_k=cu_k,
                 key_slots=slots[:, :seq_len].flatten(), out=torch.empty_like(q))  # fmt: skip
-
-
-def flops(n: int, prefix: int, q_len: int) -> float:
-    return 4.0 * n * (q_len * (prefix + 1) + q_len * (q_len - 1) // 2) * H * D
-
-
-def time_ms(fn, reps: int = 30) -> float:
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(reps)]  # fmt: skip
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return float(torch.tensor([s.elapsed_time(e) for s, e in events]).median())
 
 
 def matmul_tflops() -> float:
@@ -172,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["rel_l2"] = (diff.norm() / want.norm()).item()
                     row["ok"] = row["max_abs"] < 0.0625 and row["rel_l2"] < 2e-2
                 ms = time_ms(fn)
-                row.update(ms=ms, tflops=flops(n, prefix, q_len) / (ms * 1e-3) / 1e12)
+                work = causal_flops((n, prefix, q_len), DIMS)
+                row.update(ms=ms, tflops=work / (ms * 1e-3) / 1e12)
                 row["pct_of_matmul"] = 100 * row["tflops"] / peak
                 print(f"  {label:22s} {name:18s} {ms:8.4f} ms {row['tflops']:6.1f} TFLOP/s "
                       f"{row['pct_of_matmul']:5.1f} %  {row.get('rel_l2', 0):.1e}")  # fmt: skip

@@ -52,7 +52,7 @@ from kernels._launch import (
     output_buffer,
 )
 from kernels.dense_prefill_ws import launch_ws, ws_ready
-from kernels.paged_prefill_attention import LOG2E, _attend_tile
+from kernels.paged_prefill_attention import LOG2E, _attend_paged_keys
 
 # PrefillConfig.lazy: the running max a tile's scores are taken against moves (and acc, l with
 # it) only when some row's max grows by more than this, in log2 units; otherwise p = exp2(s -
@@ -265,18 +265,11 @@ def _dense_prefill_kernel(
     vc_base_ptr = v_cache_ptr + kv_head * stride_vc_head  # v_cache[:, :, kv_head, :]
     q_pos = ctx_len + q_idx  # position of each query in the sequence
     ctx_full_end = (ctx_len // BLOCK_N) * BLOCK_N
-    for n0 in range(0, ctx_full_end, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, q_pos, m_i, l_i, acc, n0, ctx_len, bt_row_ptr, kc_base_ptr, vc_base_ptr, qk_scale,
-            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, False, UPCAST_DOT, DOT_PRECISION,
-        )  # fmt: skip
-    for n0 in range(ctx_full_end, ctx_len, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, q_pos, m_i, l_i, acc, n0, ctx_len, bt_row_ptr, kc_base_ptr, vc_base_ptr, qk_scale,
-            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, UPCAST_DOT, DOT_PRECISION,
-        )  # fmt: skip
+    m_i, l_i, acc = _attend_paged_keys(
+        q, q_pos, m_i, l_i, acc, ctx_full_end, ctx_len, bt_row_ptr, kc_base_ptr, vc_base_ptr,
+        qk_scale, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, UPCAST_DOT, DOT_PRECISION,
+    )  # fmt: skip
 
     # 2. the chunk's own keys from k/v: [0, full_end) every row sees, [full_end, kv_end) cross
     #    the diagonal (kv_end: one past the tile's last real query)

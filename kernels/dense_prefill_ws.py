@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import dot_config, interpreting
-from kernels.paged_prefill_attention import _attend_tile
+from kernels.paged_prefill_attention import _attend_paged_keys
 
 # The running max starts here, not at -inf: finite, so exp2(s - m) and exp2(m_old - m_new) never
 # meet -inf - -inf, and a row whose keys are all masked so far (or a tile fully masked for it)
@@ -223,18 +223,11 @@ def _prefix_merge_kernel(
     vc_base_ptr = v_cache_ptr + kv_head * stride_vc_head
     q_pos = ctx_len + q_idx  # every prefix key is visible: only the last tile masks its bound
     ctx_full_end = (ctx_len // BLOCK_N) * BLOCK_N
-    for n0 in range(0, ctx_full_end, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, q_pos, m_i, l_i, acc, n0, ctx_len, bt_row_ptr, kc_base_ptr, vc_base_ptr, qk_scale,
-            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, False, UPCAST_DOT, DOT_PRECISION,
-        )  # fmt: skip
-    for n0 in range(ctx_full_end, ctx_len, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, q_pos, m_i, l_i, acc, n0, ctx_len, bt_row_ptr, kc_base_ptr, vc_base_ptr, qk_scale,
-            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, UPCAST_DOT, DOT_PRECISION,
-        )  # fmt: skip
+    m_i, l_i, acc = _attend_paged_keys(
+        q, q_pos, m_i, l_i, acc, ctx_full_end, ctx_len, bt_row_ptr, kc_base_ptr, vc_base_ptr,
+        qk_scale, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, UPCAST_DOT, DOT_PRECISION,
+    )  # fmt: skip
 
     # out = (acc + o_chunk * 2^lse_chunk) / (l + 2^lse_chunk), all relative to a common max
     o_ptrs = out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head

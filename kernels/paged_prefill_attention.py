@@ -162,6 +162,47 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
+@triton.jit
+def _attend_paged_keys(
+    q,
+    q_pos,
+    m_i,
+    l_i,
+    acc,  # as in _attend_tile
+    full_end,  # keys [0, full_end) are visible to every row: tiles without masks
+    key_end,  # keys [full_end, key_end): tiles masked by bound and causality
+    bt_row_ptr,
+    k_base_ptr,
+    v_base_ptr,
+    qk_scale,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_vc_block,
+    stride_vc_slot,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Keys [0, key_end) of one sequence's paged cache into the running softmax state, in two
+    loops so the first needs no masks (full_end: a multiple of BLOCK_N)."""
+    for n0 in range(0, full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q_pos, m_i, l_i, acc, n0, key_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, KV_FP8, UPCAST_DOT, DOT_PRECISION,
+        )  # fmt: skip
+    for n0 in range(full_end, key_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q_pos, m_i, l_i, acc, n0, key_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, KV_FP8, UPCAST_DOT, DOT_PRECISION,
+        )  # fmt: skip
+    return m_i, l_i, acc
+
+
 # Batch-dependent ints and index tensors are not specialised on (no mid-serving recompiles).
 @triton.jit(
     do_not_specialize=["stride_bt_seq"],
@@ -235,18 +276,11 @@ def _prefill_kernel(
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     k_base_ptr = k_cache_ptr + kv_head * stride_kc_head  # k_cache[:, :, kv_head, :]
     v_base_ptr = v_cache_ptr + kv_head * stride_vc_head  # v_cache[:, :, kv_head, :]
-    for n0 in range(0, full_end, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, q_pos, m_i, l_i, acc, n0, kv_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
-            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, KV_FP8, UPCAST_DOT, DOT_PRECISION,
-        )  # fmt: skip
-    for n0 in range(full_end, kv_end, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, q_pos, m_i, l_i, acc, n0, kv_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
-            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, KV_FP8, UPCAST_DOT, DOT_PRECISION,
-        )  # fmt: skip
+    m_i, l_i, acc = _attend_paged_keys(
+        q, q_pos, m_i, l_i, acc, full_end, kv_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
+        stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, KV_FP8, UPCAST_DOT, DOT_PRECISION,
+    )  # fmt: skip
 
     o = acc / l_i[:, None]  # l_i >= 1: each row's max key contributes exp2(0)
     if KV_FP8:
