@@ -51,7 +51,7 @@ from kernels._launch import (
     interpreting,
     output_buffer,
 )
-from kernels.dense_prefill_ws import launch_ws, ws_ready
+from kernels.dense_prefill_ws import launch_ws, ws_ready, ws_supported
 from kernels.paged_prefill_attention import LOG2E, _attend_paged_keys
 
 # PrefillConfig.lazy: the running max a tile's scores are taken against moves (and acc, l with
@@ -441,7 +441,9 @@ def dense_prefill_attention(
     if cfg.warp_spec:
         wide = q.dtype == torch.float32 or head_dim > 128  # no 16-bit wgmma, or too big
         short = config is None and max_query_len < max(cfg.block_m, WS_MIN_QUERIES)
-        if not (wide or short) and all(ws_ready(t) for t in (q, k, v)):
+        # the default falls back to the plain kernel off Hopper (an explicit config does not)
+        elsewhere = config is None and not ws_supported(q.device)
+        if not (wide or short or elsewhere) and all(ws_ready(t) for t in (q, k, v)):
             merge_cfg = _short_tiles(CONFIG_PLAIN, max_query_len * group)
             launch_ws(
                 q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc,

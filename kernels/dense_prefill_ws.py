@@ -23,6 +23,8 @@
 # padding that may hold NaN) are never read. Otherwise each program builds k/v descriptors
 # bounded by its own chunk (the copy engine zero-fills past the end). In-kernel descriptors
 # need triton.set_allocator (_ensure_allocator).
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -242,6 +244,22 @@ def _prefix_merge_kernel(
     denom = tl.where(denom > 0.0, denom, 1.0)
     o = (acc * w_prefix[:, None] + o_chunk * w_chunk[:, None]) / denom[:, None]
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+@functools.cache
+def _is_hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def ws_supported(device: torch.device) -> bool:
+    """The warp-specialized kernel runs here: an sm_90 GPU (its in-kernel tensor descriptors
+    and Triton 3.6's warp specialization were built and checked for Hopper only), or the
+    interpreter."""
+    if interpreting():
+        return True
+    if device.type != "cuda":
+        return False
+    return _is_hopper(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def ws_ready(t: torch.Tensor) -> bool:

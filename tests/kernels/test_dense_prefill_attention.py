@@ -259,6 +259,10 @@ def test_dense_prefill_ws_as_default(monkeypatch):
     for i, (dtype, q_lens) in enumerate(runs):
         _check(q_lens, [0, 9], None, **shape, dtype=dtype, seed=50 + i)
     assert calls == [SMALL_WS]
+    # a GPU that is not sm_90 (say an A100) keeps the plain kernel as its default
+    monkeypatch.setattr(dense_mod, "ws_supported", lambda device: False)
+    _check([40, 7], [0, 9], None, **shape, dtype=torch.bfloat16, seed=60)
+    assert calls == [SMALL_WS]
 
 
 # host descriptors read q rows past a chunk's end (NaN padding): rows never stored
