@@ -33,14 +33,9 @@ def bucket_ladder(max_tokens: int, step: int = 0) -> list[int]:
     the decodes alone took 15.2 (docs/benchmarks.md)."""
     if max_tokens < 1 or step < 0 or step & (step - 1):
         raise ValueError("need max_tokens >= 1 and a step that is 0 or a power of two")
-    ladder = [b for b in DEFAULT_BUCKETS if b < max_tokens and (not step or b <= step)]
-    if step:
-        b = step
-        while b < max_tokens:
-            if b not in ladder:
-                ladder.append(b)
-            b += step
-    return [*sorted(ladder), max_tokens]
+    small = [b for b in DEFAULT_BUCKETS if b < min(max_tokens, step or max_tokens)]
+    steps = range(step, max_tokens, step) if step else ()
+    return [*small, *steps, max_tokens]
 
 
 class PiecewiseGraphs:

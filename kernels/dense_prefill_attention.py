@@ -51,7 +51,7 @@ from kernels._launch import (
     interpreting,
     output_buffer,
 )
-from kernels.dense_prefill_ws import launch_ws, ws_ready, ws_supported
+from kernels.dense_prefill_ws import descriptor_2d, launch_ws, ws_ready, ws_supported
 from kernels.paged_prefill_attention import LOG2E, _attend_paged_keys
 
 # PrefillConfig.lazy: the running max a tile's scores are taken against moves (and acc, l with
@@ -372,24 +372,8 @@ def default_config(dtype: torch.dtype, head_dim: int) -> PrefillConfig:
 
 def tma_ready(t: torch.Tensor) -> bool:
     """t [num_tokens, num_kv_heads, head_dim] can be described as a 2-D [num_tokens,
-    num_kv_heads * head_dim] tensor for the copy engine: heads adjacent, 16-byte aligned."""
-    elt = t.element_size()
-    return (
-        t.shape[0] > 0
-        and t.stride(2) == 1
-        and t.stride(1) == t.shape[2]
-        and t.data_ptr() % 16 == 0
-        and (t.stride(0) * elt) % 16 == 0
-    )
-
-
-def _descriptor(t: torch.Tensor, block_n: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    num_tokens, num_kv_heads, head_dim = t.shape
-    return TensorDescriptor(
-        t, [num_tokens, num_kv_heads * head_dim], [t.stride(0), 1], [block_n, head_dim]
-    )
+    num_kv_heads * head_dim] tensor for the copy engine (ws_ready) and has rows."""
+    return t.shape[0] > 0 and ws_ready(t)
 
 
 def dense_prefill_attention(
@@ -456,7 +440,7 @@ def dense_prefill_attention(
     BLOCK_M, BLOCK_N, num_warps, num_stages, tma = cfg[:5]
     k_desc = v_desc = None
     if tma and tma_ready(k) and tma_ready(v):
-        k_desc, v_desc = _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N)
+        k_desc, v_desc = descriptor_2d(k, BLOCK_N), descriptor_2d(v, BLOCK_N)
     grid = (num_kv_heads, num_seqs, triton.cdiv(max_query_len * group, BLOCK_M))
     _dense_prefill_kernel[grid](
         q, k, v, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, k_desc, v_desc,

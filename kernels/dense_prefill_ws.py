@@ -298,7 +298,9 @@ def _ensure_allocator() -> None:
         triton.set_allocator(_scratch)
 
 
-def _descriptor(t: torch.Tensor, block_rows: int):
+def descriptor_2d(t: torch.Tensor, block_rows: int):
+    """A host descriptor over t [tokens, heads, head_dim] seen as [tokens, heads * head_dim],
+    boxes of block_rows tokens (t must pass ws_ready)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     num_tokens, heads, head_dim = t.shape
@@ -324,7 +326,7 @@ def ws_chunk(q, k, v, query_start_loc, max_query_len, qk_scale, out, cfg, *, lse
     if lse is None:
         lse = _lse_scratch(num_tokens, num_heads, q.device)
     host = cfg.tma
-    descs = (_descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)) if host else (None, None)
+    descs = (descriptor_2d(k, cfg.block_n), descriptor_2d(v, cfg.block_n)) if host else (None, None)
     if not interpreting():
         _ensure_allocator()  # q's descriptor (and k/v's without host ones) is built in-kernel
     grid = (num_heads, num_seqs, triton.cdiv(max_query_len, cfg.block_m))
