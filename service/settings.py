@@ -99,8 +99,8 @@ class Settings(BaseSettings):
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     tensor_parallel_size: int = Field(1, ge=1)
     use_piecewise_graphs: bool = True  # CUDA graph pieces for steps with prompt chunks
-    piecewise_max_tokens: int = 2048
-    piecewise_bucket_step: int = Field(0, ge=0)  # 0: power-of-two buckets (engine/config.py)
+    piecewise_max_tokens: int = 2560
+    piecewise_bucket_step: int = Field(128, ge=0)  # 0: power-of-two buckets (engine/config.py)
     # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
     # this target (None: off, each step may fill max_num_batched_tokens with prefill).
     step_time_target_s: float | None = None

@@ -7,7 +7,7 @@ from engine.config import EngineConfig
 from engine.piecewise_graphs import bucket_ladder
 
 
-def test_power_of_two_ladder_is_the_default():
+def test_step_zero_gives_powers_of_two():
     assert bucket_ladder(2048) == [16, 32, 64, 128, 256, 512, 1024, 2048]
     assert bucket_ladder(1000) == [16, 32, 64, 128, 256, 512, 1000]
     assert bucket_ladder(8) == [8]
@@ -29,3 +29,11 @@ def test_bad_steps_are_refused():
         with pytest.raises(ValueError):
             EngineConfig(model="tiny", device="cpu", piecewise_bucket_step=step)
     assert EngineConfig(model="tiny", device="cpu", piecewise_bucket_step=256)
+
+
+def test_the_default_ladder_keeps_a_long_slice_beside_decodes_in_graphs():
+    config = EngineConfig(model="tiny", device="cpu")
+    ladder = bucket_ladder(config.piecewise_max_tokens, config.piecewise_bucket_step)
+    # A long prompt's slice (long_prefill_chunk) beside a full batch of decodes fits the ladder.
+    assert ladder[-1] >= config.long_prefill_chunk + config.max_num_seqs
+    assert max(b - a for a, b in zip(ladder, ladder[1:])) <= config.piecewise_bucket_step
