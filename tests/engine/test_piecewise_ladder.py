@@ -1,6 +1,8 @@
 # The token-count buckets of the mixed steps' graph pieces (engine/piecewise_graphs.py): powers
 # of two by default; with a step, powers of two up to it and then every multiple of it, always
 # ending at max_tokens, so a step pads to the next bucket and never past the largest.
+import itertools
+
 import pytest
 
 from engine.config import EngineConfig
@@ -36,4 +38,4 @@ def test_the_default_ladder_keeps_a_long_slice_beside_decodes_in_graphs():
     ladder = bucket_ladder(config.piecewise_max_tokens, config.piecewise_bucket_step)
     # A long prompt's slice (long_prefill_chunk) beside a full batch of decodes fits the ladder.
     assert ladder[-1] >= config.long_prefill_chunk + config.max_num_seqs
-    assert max(b - a for a, b in zip(ladder, ladder[1:])) <= config.piecewise_bucket_step
+    assert max(b - a for a, b in itertools.pairwise(ladder)) <= config.piecewise_bucket_step
