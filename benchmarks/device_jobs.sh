@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks longer than one device call (10 min): `start` runs a job script in the background,
 # detached from the call (setsid), writing under /tmp/fleetlm-jobs; `collect` waits up to
-# WAIT_S seconds for it to end and copies what it wrote so far into $OUT. Call `collect` again
+# WAIT_S seconds for it to end and packs what it wrote so far into $OUT/jobs.tgz. Call `collect` again
 # in the next device call (the machine stays warm between calls that follow one another).
 #   benchmarks/device_jobs.sh start benchmarks/jobs/served_gap.sh
 #   WAIT_S=560 benchmarks/device_jobs.sh collect
@@ -21,8 +21,13 @@ case "${1:-}" in
     deadline=$(( $(date +%s) + ${WAIT_S:-560} ))
     while [ ! -f "$JOBS/rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     mkdir -p "${OUT:?}"
-    (cd "$JOBS" && find . -path ./tree -prune -o -type f -print | tar -cf - -T -) \
-      | tar -xf - -C "$OUT"
+    # One archive: the device tool brings back at most 8 files, 16 MiB each. Server logs and
+    # step traces go first when it would be larger.
+    (cd "$JOBS" && find . -path ./tree -prune -o -type f -print | tar -czf "$OUT/jobs.tgz" -T -)
+    if [ "$(stat -c %s "$OUT/jobs.tgz")" -gt 15000000 ]; then
+      (cd "$JOBS" && find . -path ./tree -prune -o -type f ! -name 'diag*' ! -path '*trace*' \
+        -print | tar -czf "$OUT/jobs.tgz" -T -)
+    fi
     if [ -f "$JOBS/rc" ]; then echo "job ended rc=$(cat "$JOBS/rc")"; else echo "job running"; fi
     tail -30 "$JOBS/job.log"
     ;;
