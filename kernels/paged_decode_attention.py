@@ -257,6 +257,10 @@ def _decode_reduce_kernel(
 BLOCK_N_DEFAULT = 64  # keys per tile (32 when head_dim > 128)
 NUM_WARPS = 4
 NUM_STAGES = 3
+# (keys per tile, warps, stages) for an e4m3 cache; None: the 16-bit values above. A tile of
+# e4m3 keys is half the bytes of a 16-bit one for the same per-key work (the dot, exp2),
+# so its best tile may differ: benchmarks/decode_fp8_sweep.py measures the choices.
+FP8_LAUNCH: tuple[int, int, int] | None = None
 MAX_SPLITS = 64  # cap of the automatic choice
 MAX_USER_SPLITS = 256  # cap of an explicit num_splits (the reduce kernel holds all of them)
 MIN_KEYS_PER_SPLIT = 256  # below this a split is mostly launch/reduce overhead
@@ -359,7 +363,12 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     BLOCK_G = max(16, next_power_of_2(group))
+    kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
     BLOCK_N = BLOCK_N_DEFAULT if head_dim <= 128 else 32
+    num_warps, num_stages = NUM_WARPS, NUM_STAGES
+    if kv_fp8 and FP8_LAUNCH is not None:
+        BLOCK_N, num_warps, num_stages = FP8_LAUNCH
+        BLOCK_N = BLOCK_N if head_dim <= 128 else min(BLOCK_N, 64)
     upcast, precision = dot_config(q.dtype)
     if num_splits > 1:
         part_max = torch.empty(
@@ -402,11 +411,11 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=BLOCK_N,
         NUM_SPLITS_IS_ONE=num_splits == 1,
-        KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
+        KV_FP8=kv_fp8,
         UPCAST_DOT=upcast,
         DOT_PRECISION=precision,
-        num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

@@ -328,10 +328,13 @@ def test_dense_prefill_row_without_visible_chunk_key(config):
     # the chunk kernel of the warp-specialized variant meets a row with no visible key at all:
     # it must give that row p = 0, l = 0 (not exp2(-inf - -inf) = NaN) and a log-sum-exp of
     # -inf, which the merge turns into attention over the cached prefix alone (the reference's
-    # softmax: chunk keys of weight 0). Other rows: one chunk key value, finite scores.
+    # softmax: chunk keys of weight 0). Other rows: finite scores of the usual size. (They must
+    # not weigh the huge dimension: a score near 1e20 is rounded differently by every dot, so
+    # the softmax of "equal" keys would depend on summation order, not on the kernel.)
     shape = dict(num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
     q, k, v, k_cache, v_cache, meta, n = _case([40], [19], **shape, seed=12)
-    k[:n] = -1e20  # every chunk key alike; written to the cache too (the reference reads it)
+    k[:n, :, 0] = -1e20  # one dimension of every chunk key; into the cache too (the ref reads it)
+    q[:, :, 0] = 0  # which the other rows leave out
     block_tables = meta[0]
     for p in range(40):
         blk, slot = int(block_tables[0, (19 + p) // 16]), (19 + p) % 16

@@ -5,6 +5,7 @@
 import pytest
 import torch
 
+from kernels import paged_decode_attention as pda
 from kernels.fp8_quant import FP8_DTYPE
 from kernels.paged_decode_attention import paged_decode_attention, paged_decode_attention_ref
 from kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
@@ -74,6 +75,27 @@ def test_decode_reads_fp8_cache_like_the_reference(
         q, k_cache, v_cache, tables, lens, 0.125, k_scale=K_SCALE, v_scale=V_SCALE
     )
     assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("launch", [(128, 4, 2), (32, 8, 4)])
+def test_decode_fp8_launch_choice_keeps_the_result(launch, monkeypatch):
+    # The e4m3 cache's own (keys per tile, warps, stages), as decode_fp8_sweep.py tries them:
+    # the tile changes how a split's range is rounded, never what is computed.
+    monkeypatch.setattr(pda, "FP8_LAUNCH", launch)
+    g = gen(57)
+    seq_lens = [1, 200, 77, 129]
+    k_cache, v_cache, tables = _fp8_cache(seq_lens, num_kv_heads=2, head_dim=64, block_size=16, g=g)
+    q = randn(len(seq_lens), 8, 64, g=g, dtype=torch.bfloat16)
+    lens = int_tensor(seq_lens)
+    ref = paged_decode_attention_ref(
+        q, k_cache, v_cache, tables, lens, 0.125, k_scale=K_SCALE, v_scale=V_SCALE
+    )
+    for splits in (1, 3):
+        out = paged_decode_attention(
+            q, k_cache, v_cache, tables, lens, 0.125, max_seq_len=max(seq_lens),
+            num_splits=splits, out=nan_like(q), k_scale=K_SCALE, v_scale=V_SCALE,
+        )  # fmt: skip
+        assert_close(out, ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,0 +1,152 @@
+# Launch choices of the paged decode kernel over an e4m3 (FP8) KV cache, beside the 16-bit cache
+# at the same shapes. An e4m3 tile carries half the bytes of a bf16 one for the same per-key work
+# (the q·k dot over a group padded to 16 rows, exp2, p·v), so the tile that keeps a bf16 cache at
+# the copy ceiling can leave an e4m3 one latency-bound: on the H200 the default (64 keys, 4 warps,
+# 3 stages) read an e4m3 cache at 1.6 TB/s against 4.1 TB/s for bf16 (kernels_fp8_h200.json).
+# Every variant is checked against the torch reference first; one table, fastest per shape, JSON.
+#   python benchmarks/decode_fp8_sweep.py --json out.json
+# Without a GPU (TRITON_INTERPRET=1) it runs two tiny shapes and a few tiles, timing one call by
+# the wall clock: a check of the script, not a measurement.
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import paged_decode_attention as pda
+
+H, HKV, D, BS = 32, 8, 128, 16  # Llama-3.1-8B attention, block 16
+SHAPES = [(64, 4096), (128, 2048), (256, 1024), (16, 16384)]
+TILES = [(64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 8, 3), (128, 4, 2), (64, 4, 4), (32, 4, 4),
+         (128, 8, 2), (256, 8, 2)]  # fmt: skip
+SPLIT_FACTORS = [1, 2]
+
+
+def copy_gbps(device) -> float:
+    if device.type != "cuda":
+        return float("nan")
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    import triton
+
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
+    return 2 * src.numel() / ms / 1e6
+
+
+def check_and_time(q, kc, vc, table, seq_lens, ctx, splits, scales) -> tuple[float, float]:
+    """(median ms, rel L2 error of the first 8 rows against the reference); raises if wrong."""
+    import triton
+
+    out = torch.full_like(q, float("nan"))
+
+    def run():
+        pda.paged_decode_attention(q, kc, vc, table, seq_lens, D**-0.5, max_seq_len=ctx,
+                                   num_splits=splits, out=out, **scales)  # fmt: skip
+
+    run()
+    ref = pda.paged_decode_attention_ref(q[:8], kc, vc, table[:8], seq_lens[:8], D**-0.5, **scales)
+    err = ((out[:8].float() - ref.float()).norm() / ref.float().norm()).item()
+    if not err < 2e-2:
+        raise AssertionError(f"rel_l2 {err:.2e}")
+    if q.device.type != "cuda":
+        t0 = time.perf_counter()
+        run()
+        return 1e3 * (time.perf_counter() - t0), err
+    return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median"), err
+
+
+def main(argv: list[str] | None = None) -> int:
+    import triton
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    shapes, tiles = (SHAPES, TILES) if cuda else ([(2, 100), (3, 40)], TILES[:2])
+    gen = torch.Generator(device=device).manual_seed(0)
+    peak = copy_gbps(device)
+    print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, copy {peak:.0f} GB/s")
+    rows: list[dict] = []
+    for batch, ctx in shapes:
+        nb = triton.cdiv(ctx, BS)
+        perm = torch.randperm(batch * nb, device=device, generator=gen)
+        table = perm.view(batch, nb).to(torch.int32)
+        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+        q = torch.randn(batch, H, D, device=device, dtype=torch.bfloat16, generator=gen)
+        k16 = torch.randn(
+            batch * nb, BS, HKV, D, device=device, dtype=torch.bfloat16, generator=gen
+        )
+        v16 = torch.randn_like(k16)
+        k8, v8 = k16.to(torch.float8_e4m3fn), v16.to(torch.float8_e4m3fn)
+        auto = pda.choose_num_splits(batch, HKV, ctx, pda.num_sms(device))
+        variants = [("bf16", None, auto)]
+        variants += [("e4m3", t, auto * f) for t, f in itertools.product(tiles, SPLIT_FACTORS)]
+        for cache, tile, splits in variants:
+            kc, vc = (k16, v16) if cache == "bf16" else (k8, v8)
+            scales = {} if cache == "bf16" else {"k_scale": 0.5, "v_scale": 2.0}
+            pda.FP8_LAUNCH = tile
+            row = {"batch": batch, "ctx": ctx, "cache": cache, "tile": tile, "splits": splits}
+            try:
+                ms, err = check_and_time(q, kc, vc, table, seq_lens, ctx, splits, scales)
+            except Exception as e:  # a tile that does not compile or fit: recorded, not fatal
+                row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+                rows.append(row)
+                print(f"B={batch} ctx={ctx} {cache} {tile} splits={splits}: {row['error']}")
+                continue
+            elt = 2 if cache == "bf16" else 1
+            gbps = batch * ctx * 2 * HKV * D * elt / ms / 1e6
+            row.update(ms=ms, gbps=gbps, of_copy=gbps / peak, rel_l2=err)
+            rows.append(row)
+            print(f"B={batch:3d} ctx={ctx:5d} {cache} tile={tile} splits={splits:2d}: "
+                  f"{ms:.4f} ms {gbps:7.0f} GB/s {100 * gbps / peak:4.0f} %")  # fmt: skip
+    pda.FP8_LAUNCH = None
+    print("\nfastest e4m3 per shape (against bf16 at the default tile):")
+    for batch, ctx in shapes:
+        ok = [r for r in rows if r["batch"] == batch and r["ctx"] == ctx and "ms" in r]
+        bf16 = next(r for r in ok if r["cache"] == "bf16")
+        best = min((r for r in ok if r["cache"] == "e4m3"), key=lambda r: r["ms"])
+        default = next(r for r in ok if r["cache"] == "e4m3" and r["tile"] == tiles[0]
+                       and r["splits"] == bf16["splits"])  # fmt: skip
+        print(f"B={batch} ctx={ctx}: bf16 {bf16['ms']:.4f} ms; e4m3 default {default['ms']:.4f}"
+              f" ms; best {best['tile']} splits={best['splits']} {best['ms']:.4f} ms"
+              f" ({100 * best['of_copy']:.0f} % of copy)")  # fmt: skip
+
+    # One tile for every shape (the engine captures one): the smallest geometric mean over the
+    # shapes at the automatic split count.
+    def geomean(tile) -> float:
+        times = [
+            r["ms"]
+            for r in rows
+            if r["cache"] == "e4m3"
+            and r["tile"] == tile
+            and "ms" in r
+            and r["splits"]
+            == next(
+                b["splits"]
+                for b in rows
+                if b["cache"] == "bf16" and b["batch"] == r["batch"] and b["ctx"] == r["ctx"]
+            )
+        ]
+        return math.prod(times) ** (1 / len(times)) if len(times) == len(shapes) else math.inf
+
+    best_tile = min(tiles, key=geomean)
+    print(f"best tile over all shapes: {best_tile} (geomean {geomean(best_tile):.4f} ms, "
+          f"default {geomean(tiles[0]):.4f} ms)")  # fmt: skip
+    if args.json:
+        args.json.write_text(
+            json.dumps({"copy_gbps": peak, "best_tile": best_tile, "rows": rows}, indent=1)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
