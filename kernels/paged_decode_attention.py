@@ -258,13 +258,24 @@ BLOCK_N_DEFAULT = 64  # keys per tile (32 when head_dim > 128)
 NUM_WARPS = 4
 NUM_STAGES = 3
 # (keys per tile, warps, stages) for an e4m3 cache; None: the 16-bit values above. A tile of
-# e4m3 keys is half the bytes of a 16-bit one for the same per-key work (the dot, exp2),
-# so its best tile may differ: benchmarks/decode_fp8_sweep.py measures the choices.
-FP8_LAUNCH: tuple[int, int, int] | None = None
+# e4m3 keys is half the bytes of a 16-bit one for the same per-key work (the dot over the group
+# padded to 16 rows, exp2), so the kernel is bound by that work, not by bytes: on the H200
+# (benchmarks/decode_fp8_sweep.py, 2026-12-01) every e4m3 tile took at best the bf16 kernel's
+# time (~0.25 ms per layer for 2M keys x heads), 128 keys / 4 warps / 3 stages 9 % less than the
+# 16-bit tile over four shapes.
+FP8_LAUNCH: tuple[int, int, int] | None = (128, 4, 3)
 MAX_SPLITS = 64  # cap of the automatic choice
 MAX_USER_SPLITS = 256  # cap of an explicit num_splits (the reduce kernel holds all of them)
 MIN_KEYS_PER_SPLIT = 256  # below this a split is mostly launch/reduce overhead
 PROGRAMS_PER_SM = 2  # the split heuristic aims for this many programs per SM
+
+
+def decode_launch(head_dim: int, kv_fp8: bool) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the split kernel for this head size and cache."""
+    if kv_fp8 and FP8_LAUNCH is not None:
+        block_n, warps, stages = FP8_LAUNCH
+        return (block_n if head_dim <= 128 else min(block_n, 64)), warps, stages
+    return (BLOCK_N_DEFAULT if head_dim <= 128 else 32), NUM_WARPS, NUM_STAGES
 
 
 def choose_num_splits(
@@ -364,11 +375,7 @@ def paged_decode_attention(
     k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     BLOCK_G = max(16, next_power_of_2(group))
     kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
-    BLOCK_N = BLOCK_N_DEFAULT if head_dim <= 128 else 32
-    num_warps, num_stages = NUM_WARPS, NUM_STAGES
-    if kv_fp8 and FP8_LAUNCH is not None:
-        BLOCK_N, num_warps, num_stages = FP8_LAUNCH
-        BLOCK_N = BLOCK_N if head_dim <= 128 else min(BLOCK_N, 64)
+    BLOCK_N, num_warps, num_stages = decode_launch(head_dim, kv_fp8)
     upcast, precision = dot_config(q.dtype)
     if num_splits > 1:
         part_max = torch.empty(

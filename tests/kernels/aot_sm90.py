@@ -131,6 +131,7 @@ def variants(dt: str = "bf16"):
         cache = fp8 if kv_fp8 else dt
         kv = {"k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "i32",
               "seq_lens_ptr": "i32"}  # fmt: skip
+        block_n, warps, stages = pda.decode_launch(head_dim, kv_fp8)
         for one_split in (True, False):
             yield (
                 pda._decode_split_kernel,
@@ -138,9 +139,9 @@ def variants(dt: str = "bf16"):
                  "part_acc_ptr": "fp32", **kv},
                 ("qk_scale", "v_scale"),
                 {"GROUP": group, "BLOCK_G": max(16, group), "HEAD_DIM": head_dim,
-                 "BLOCK_SIZE": 16, "BLOCK_N": pda.BLOCK_N_DEFAULT, "NUM_SPLITS_IS_ONE": one_split,
+                 "BLOCK_SIZE": 16, "BLOCK_N": block_n, "NUM_SPLITS_IS_ONE": one_split,
                  "KV_FP8": kv_fp8, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
-                pda.NUM_WARPS, pda.NUM_STAGES,
+                warps, stages,
             )  # fmt: skip
         yield (
             pda._decode_reduce_kernel,

@@ -77,7 +77,7 @@ def test_decode_reads_fp8_cache_like_the_reference(
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("launch", [(128, 4, 2), (32, 8, 4)])
+@pytest.mark.parametrize("launch", [None, (128, 4, 2), (32, 8, 4)])
 def test_decode_fp8_launch_choice_keeps_the_result(launch, monkeypatch):
     # The e4m3 cache's own (keys per tile, warps, stages), as decode_fp8_sweep.py tries them:
     # the tile changes how a split's range is rounded, never what is computed.
