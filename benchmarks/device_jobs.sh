@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Benchmarks longer than one device call (10 min): `start` runs a job script in the background,
 # detached from the call (setsid), writing under /tmp/fleetlm-jobs; `collect` waits up to
-# WAIT_S seconds for it to end and packs what it wrote so far into $OUT/jobs.tgz. Call `collect` again
-# in the next device call (the machine stays warm between calls that follow one another).
+# WAIT_S seconds for it to end and packs what it wrote so far into $OUT/jobs.tgz. Call `collect`
+# again in the next device call (the machine stays warm between calls that follow one another).
 #   benchmarks/device_jobs.sh start benchmarks/jobs/served_gap.sh
 #   WAIT_S=560 benchmarks/device_jobs.sh collect
 set -u

@@ -4,11 +4,7 @@
 # `seed` at $RATES (default 7 req/s, 60 s of arrivals) with whatever FLEETLM_* settings were
 # exported, then an optional engine benchmark ($ENGINE_BENCH, a command line).
 # Run through benchmarks/device_jobs.sh; results land in $JOBS/results.
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+. benchmarks/jobs/common.sh
 PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -p no:cacheprovider -k "not llama_shapes or None" \
   tests/engine/test_gpu_paths.py tests/kernels/test_dense_prefill_attention.py \
   tests/kernels/test_paged_prefill_attention.py ${GPU_TESTS:-} > "$R/gpu_tests.log" 2>&1

@@ -3,13 +3,7 @@
 # FP8 weights + FP8 KV on `seed` at $RATES (default 12 req/s, 60 s of arrivals; the same requests
 # as one_gpu_round.sh) with the sweep's best tile set before the engine captures its graphs.
 # Run through benchmarks/device_jobs.sh; results in $JOBS/results.
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
-stamp() { echo "[$(date +%H:%M:%S)] $*"; }
+. benchmarks/jobs/common.sh
 stamp "sweep"
 PYTHONPATH=$PWD python3 benchmarks/decode_fp8_sweep.py --json "$R/decode_fp8_sweep.json" \
   > "$R/decode_fp8_sweep.log" 2>&1

@@ -7,29 +7,15 @@
 #   3. the engine on `nano` (256 at once, detokenized);
 #   4. the GPU tests of the engine's paths and of FP8 (cut at 240 s), the FP8 kernels.
 # Run through benchmarks/device_jobs.sh; results in $JOBS/results, one log per part.
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
-stamp() { echo "[$(date +%H:%M:%S)] $*"; }
+. benchmarks/jobs/common.sh
 nvidia-smi -L
 stamp "seed, served and engine at ${RATES:-12}"
 OUT=$R/serve benchmarks/device_serve.sh --launch --compare-engine --rates "${RATES:-12}" \
   --model llama-3.1-8b --duration 60 --no-stop-on-miss --json "$R/serve/serve.json" \
   > "$R/serve.log" 2>&1
 stamp "served rc=$?"; grep -E "req/s:|goodput|roofline|server side" "$R/serve/bench.log" | tail -12
-IFS=';' read -ra configs <<< "${FP8_CONFIGS:-fp8 FLEETLM_QUANTIZATION=fp8;fp8kv FLEETLM_QUANTIZATION=fp8 FLEETLM_KV_CACHE_DTYPE=fp8}"
-for config in "${configs[@]}"; do
-  read -ra words <<< "$config"
-  name=${words[0]}
-  stamp "engine $name: ${words[*]:1}"
-  env "${words[@]:1}" PYTHONPATH=/tmp/site:$PWD python3 -m fleetlm.cli bench serve \
-    --backend engine --model llama-3.1-8b --rates "${RATES:-12}" --duration 60 \
-    --no-stop-on-miss --json "$R/engine_$name.json" > "$R/engine_$name.log" 2>&1
-  stamp "$name rc=$?"; grep -E "req/s:|goodput|roofline" "$R/engine_$name.log" | tail -4
-done
+FP8_DEFAULT="fp8 FLEETLM_QUANTIZATION=fp8;fp8kv FLEETLM_QUANTIZATION=fp8 FLEETLM_KV_CACHE_DTYPE=fp8"
+engine_configs "${FP8_CONFIGS:-$FP8_DEFAULT}"
 stamp "nano"
 PYTHONPATH=$PWD python3 -m fleetlm.cli bench engine --model llama-3.1-8b --workload nano \
   --detokenize --json "$R/nano.json" > "$R/nano.log" 2>&1

@@ -3,11 +3,7 @@
 # The served path and the bare engine with it on at $RATES (default 8,10,12), then the bare
 # engine with it off at $OFF_RATES (default 8,10): the before/after of the change.
 # Run through benchmarks/device_jobs.sh; results land in $JOBS/results.
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+. benchmarks/jobs/common.sh
 PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -p no:cacheprovider \
   tests/engine/test_gpu_paths.py tests/engine/test_prefill_order.py ${GPU_TESTS:-} \
   > "$R/gpu_tests.log" 2>&1

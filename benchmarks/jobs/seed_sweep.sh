@@ -3,11 +3,7 @@
 # the served path and the bare engine on `seed` at $RATES (default 10,12,14 req/s, 60 s of
 # arrivals each) with whatever FLEETLM_* settings were exported. SKIP_CHECKS=1 runs only the sweep.
 # Run through benchmarks/device_jobs.sh; results land in $JOBS/results.
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+. benchmarks/jobs/common.sh
 if [ -z "${SKIP_CHECKS:-}" ]; then
 PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_paths.py \
   tests/engine/test_overlap_gpu.py tests/engine/test_prefill_order.py ${GPU_TESTS:-} \

@@ -3,11 +3,7 @@
 # engine on the same `seed` requests (60 s of arrivals per rate), then the bare engine with
 # CUDA-graph pieces for mixed steps, and with pieces plus the latency-aware prefill budget.
 # Run through benchmarks/device_jobs.sh (it takes ~20 min); results land in $JOBS/results.
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+. benchmarks/jobs/common.sh
 PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_paths.py \
   > "$R/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" | tee -a "$R/gpu_tests.log"
