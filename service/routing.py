@@ -2,15 +2,22 @@
 # soonest, counting what its prefix cache already holds. Each worker publishes the hashes of the
 # prefix blocks it holds (fleetlm:worker:{id}:blocks, engine/block_hash.py's chained,
 # tenant-salted hashes of the first routing_max_blocks blocks of each cached prefix) and its load
-# (its stats hash). For a prompt of n blocks whose leading m blocks a worker holds, its cost is
+# (its stats hash, rewritten every step). For a prompt of n blocks whose leading m blocks a
+# worker holds, and which is expected to write o blocks of output, its cost is
 #
 #   prefill_weight × ((n − m) + queued prefill blocks) + KV blocks in use
+#     + (1 + queued entries) × ((n − m) + o)
 #
-# where the queued prefill is its engine's waiting tokens in blocks plus the entries waiting on
-# its own queue (each counted as n − m blocks, like this one), and the KV blocks in use are its
-# running requests' (decode load). The cheapest live, non-draining worker gets the request; ties
-# go to a random one. A cached prefix therefore wins while its worker is no more loaded than the
-# prefix is long, and one hot prefix spills over to the other workers as its worker fills up.
+# The queued prefill is its engine's waiting tokens in blocks plus the entries on its own queue
+# that its stats do not show yet, each counted as n − m blocks, like this one: the entries no
+# worker has read, and those it read since it last wrote its stats (XPENDING of its consumer
+# less the entries of that queue it runs, as its stats say). Without the second part a worker
+# that reads its queue at once looks idle for a whole step, and a burst for one hot prefix
+# all lands on it. The KV blocks in use are its running requests' (decode load); the last term
+# is the KV this request and the queued ones will add there (the blocks a cached prefix shares
+# are not added). The cheapest live, non-draining worker gets the request; ties go to a random
+# one. A cached prefix therefore wins while its worker is no more loaded than the prefix saves,
+# and one hot prefix spills over to the other workers as its worker fills up.
 # With routing off, or no live worker, the request goes to the shared queue of its priority.
 #
 # One Lua call decides and enqueues, atomic against the queue limit (the priority's entries on
@@ -28,27 +35,48 @@ from service import streams as p
 from service.queued_request import QueuedRequest
 from service.settings import Settings
 
+
+def routed_inflight_field(priority: str) -> str:
+    """The stats-hash field in which a worker counts the entries of its own queue of this
+    priority that it runs (taken and not yet acknowledged)."""
+    return f"routed_inflight_{priority}"
+
+
 # KEYS: the shared queue, its queued-tokens counter, then per route: its queue of this priority,
 # its alive key, its stats hash, its blocks set. ARGV: queue limit, encoded request, queued
 # tokens, routing on (1/0), prompt blocks, block size, prefill weight, the route to look at
-# first (ties go to the first seen), then the prompt's leading block hashes.
+# first (ties go to the first seen), expected output blocks, the stats field counting the
+# worker's entries of this queue (routed_inflight_field), then the routes' worker ids (their
+# consumer names), then the prompt's leading block hashes.
 # Returns false when the queue limit is reached, else {entry id, queue, matched blocks}.
 ROUTE_SCRIPT = """
 local total = redis.call('XLEN', KEYS[1])
 local num_routes = (#KEYS - 2) / 4
 local hashes = {}
-for i = 9, #ARGV do hashes[#hashes + 1] = ARGV[i] end
+for i = 11 + num_routes, #ARGV do hashes[#hashes + 1] = ARGV[i] end
 local num_blocks, block_size = tonumber(ARGV[5]), tonumber(ARGV[6])
 local weight, first = tonumber(ARGV[7]), tonumber(ARGV[8])
+local out_blocks, inflight_field = tonumber(ARGV[9]), ARGV[10]
+
+-- Entries of `queue` delivered to `consumer` (its worker) and not yet acknowledged.
+local function pending_of(info, consumer)
+  if type(info) ~= 'table' or info.err or type(info[4]) ~= 'table' then return 0 end
+  for _, c in ipairs(info[4]) do
+    if c[1] == consumer then return tonumber(c[2]) end
+  end
+  return 0
+end
+
 local target, best, best_matched = KEYS[1], nil, 0
 for j = 0, num_routes - 1 do
-  local base = 2 + 4 * ((j + first) % num_routes)
+  local route = (j + first) % num_routes
+  local base = 2 + 4 * route
   local queue = KEYS[base + 1]
   local length = redis.call('XLEN', queue)
   total = total + length
   if ARGV[4] == '1' and redis.call('EXISTS', KEYS[base + 2]) == 1 then
     local s = redis.call('HMGET', KEYS[base + 3], 'draining', 'num_free_blocks',
-                         'num_total_blocks', 'num_waiting_tokens')
+                         'num_total_blocks', 'num_waiting_tokens', inflight_field)
     if s[2] and s[1] ~= '1' then
       local matched = 0
       if #hashes > 0 then
@@ -58,10 +86,15 @@ for j = 0, num_routes - 1 do
       local pending = 0
       local info = redis.pcall('XPENDING', queue, 'workers')
       if type(info) == 'table' and info.err == nil then pending = info[1] end
+      local entries = math.max(length - pending, 0)
+      if s[5] then  -- read by the worker since its stats were written
+        local mine = pending_of(info, ARGV[11 + route])
+        entries = entries + math.max(mine - tonumber(s[5]), 0)
+      end
       local uncached = num_blocks - matched
-      local queued = math.ceil(tonumber(s[4] or '0') / block_size)
-      queued = queued + math.max(length - pending, 0) * uncached
+      local queued = math.ceil(tonumber(s[4] or '0') / block_size) + entries * uncached
       local cost = weight * (uncached + queued) + tonumber(s[3]) - tonumber(s[2])
+      cost = cost + (1 + entries) * (uncached + out_blocks)
       if best == nil or cost < best then
         target, best, best_matched = queue, cost, matched
       end
@@ -96,11 +129,15 @@ def route_call(
         tokens = queued.prompt_token_ids
         found = prefix_block_hashes(tokens, bs, queued.tenant_id, settings.routing_max_blocks)
         hashes = [hash_hex(h) for h in found]
-    num_blocks = -(-len(queued.prompt_token_ids) // bs)
+    num_prompt = len(queued.prompt_token_ids)
+    num_blocks = -(-num_prompt // bs)
+    # queued_tokens is the prompt and the expected output (service/admission.py).
+    out_blocks = -(-max(queued.queued_tokens - num_prompt, 0) // bs)
     first = random.randrange(len(routes)) if routes else 0
     argv = [
         limit, queued.encode(), queued.queued_tokens, int(settings.routing), num_blocks, bs,
-        settings.routing_prefill_weight, first, *hashes,
+        settings.routing_prefill_weight, first, out_blocks, routed_inflight_field(priority),
+        *routes, *hashes,
     ]  # fmt: skip
     return (ROUTE_SCRIPT, len(keys), *keys, *argv)
 

@@ -103,7 +103,8 @@ class RoundTrip:
         if ids:
             pipe.mget([p.cancel_key(i) for i in ids])
         stats = self.engine.stats()
-        pipe.hset(p.stats_key(self.worker_id), mapping=self._stats_mapping(stats))
+        mapping = self._stats_mapping(stats) | self._routed_inflight(exchange.written)
+        pipe.hset(p.stats_key(self.worker_id), mapping=mapping)
         pipe.expire(p.stats_key(self.worker_id), 60)
         exchange.blocks = self.prefix.write(pipe)
         self.metrics.published_blocks.set(self.prefix.num_published)
@@ -235,6 +236,14 @@ class RoundTrip:
             self.metrics.forget(f.request_id)
             log.warning("request %s was taken over by another worker", f.request_id)
         self.outbox.drop({f.request_id for f in gone})
+
+    def _routed_inflight(self, written: Written) -> dict[str, int]:
+        # The entries this trip acknowledges (ends, hand-backs, drops) leave the pending list
+        # with it: the stats written in the same trip must not count them.
+        ended = {f.entry_id for f, _ in written.finished}
+        ended.update(f.entry_id for f in self.outbox.requeues[: written.num_requeues])
+        ended.update(entry_id for _, entry_id in self.outbox.acks[: written.num_acks])
+        return self.intake.routed_inflight(self._owned(), ended)
 
     def _stats_mapping(self, stats: Any) -> dict[str, Any]:
         return {

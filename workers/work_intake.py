@@ -12,10 +12,11 @@
 # is dead and whose queues are empty is then removed with its queues and its published blocks.
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from service import streams as p
+from service.routing import routed_inflight_field
 
 # KEYS, per priority taken: own queue, shared queue, then per other routed worker: its queue,
 # its alive key, its stats hash. ARGV: group, consumer, room, may steal (1/0), the age in ms an
@@ -118,6 +119,17 @@ class Intake:
 
     def own(self, priority: str) -> str:
         return p.worker_queue_key(self.worker_id, priority)
+
+    def routed_inflight(self, running: Iterable[tuple[str, str]], ended: set[str]) -> dict:
+        """Stats fields: per priority, how many entries of the worker's own queue it runs
+        (`running`: (queue, entry id) of what it holds; `ended`: entry ids this round trip
+        acknowledges). Routing subtracts them from the queue's pending entries of this
+        consumer, which leaves those read since these stats were written (service/routing.py)."""
+        counts = {self.own(prio): 0 for prio in p.PRIORITIES}
+        for queue, entry_id in running:
+            if queue in counts and entry_id not in ended:
+                counts[queue] += 1
+        return {routed_inflight_field(prio): counts[self.own(prio)] for prio in p.PRIORITIES}
 
     def read_streams(self, priorities: Sequence[str]) -> list[str]:
         """What an idle worker blocks on, and polls while a step runs: its own and the shared

@@ -137,10 +137,14 @@ def test_the_fleet_hits_the_prefix_cache_like_one_worker(fleet):
 def test_one_hot_prefix_does_not_starve_the_second_worker(fleet):
     system = system_prompt()
     holder = complete(fleet, system + user_part())["worker"]
-    done = in_threads(complete, [(fleet, system + user_part(), 48) for _ in range(12)])
+    # 24 at once. Even if all are routed before either worker has run one (the worst case),
+    # each entry on the holder costs it its 1 uncached block of prefill and the KV it will
+    # hold, against the other's 5 blocks of prefill: routing sends the other about one in
+    # five (service/routing.py).
+    done = in_threads(complete, [(fleet, system + user_part(), 48) for _ in range(24)])
     served = {w: sum(r["worker"] == w for r in done) for w in {r["worker"] for r in done}}
     print(f"routing: a hot prefix on {holder} served as {served}")
-    assert len(served) == 2 and min(served.values()) >= 3, served
+    assert len(served) == 2 and min(served.values()) >= 4, served
 
 
 def worker_pid(fleet, worker_id: str) -> int:

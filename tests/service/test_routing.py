@@ -11,7 +11,7 @@ import redis
 
 from engine.block_hash import hash_hex, prefix_block_hashes
 from service import streams as p
-from service.routing import route_call, routed
+from service.routing import route_call, routed, routed_inflight_field
 from service.settings import Settings
 from tests.wire import queued_request
 
@@ -47,10 +47,13 @@ class Fleet:
         hashes = prefix_block_hashes(PROMPT, BS, tenant)[:num_blocks]
         self.rds.sadd(p.blocks_key(w), *map(hash_hex, hashes))
 
-    def route(self, tenant: str, settings: Settings | None = None, prompt=PROMPT):
+    def route(
+        self, tenant: str, settings: Settings | None = None, prompt=PROMPT, out_tokens: int = 0
+    ):
         settings = settings or Settings(_env_file=None, block_size=BS)
         queued = queued_request(list(prompt))
         queued.tenant_id = tenant
+        queued.queued_tokens = len(prompt) + out_tokens  # prompt + expected output
         reply = self.rds.eval(*route_call(queued, settings, self.ids, limit=1000))
         return routed(reply, self.ids, "interactive")
 
@@ -81,9 +84,10 @@ def test_the_worker_holding_the_longest_prefix_gets_the_request(fleet):
 
 
 def test_a_prefix_loses_to_load_heavier_than_it_saves(fleet):
-    a, b = fleet.worker(used=0), fleet.worker(used=20)
+    a, b = fleet.worker(used=0), fleet.worker(used=30)
     fleet.holds(b, "t1", 8)
-    # b saves 8 blocks of prefill but runs 20 more KV blocks of decodes than a.
+    # b saves 8 blocks of prefill (weight 2) and the 8 KV blocks its cached prefix shares, but
+    # runs 30 more KV blocks of decodes than a.
     assert fleet.route("t1").worker_id == a
     # Queued prefill weighs the same way: a's waiting tokens cost it the request.
     fleet.rds.hset(p.stats_key(b), "num_free_blocks", 1000 - 5)
@@ -91,7 +95,7 @@ def test_a_prefix_loses_to_load_heavier_than_it_saves(fleet):
     assert fleet.route("t1").worker_id == b
     # A heavier prefill weight favours the cache.
     fleet.rds.hset(p.stats_key(a), "num_waiting_tokens", 0)
-    fleet.rds.hset(p.stats_key(b), "num_free_blocks", 1000 - 20)
+    fleet.rds.hset(p.stats_key(b), "num_free_blocks", 1000 - 30)
     heavy = Settings(_env_file=None, block_size=BS, routing_prefill_weight=4.0)
     assert fleet.route("t1", heavy).worker_id == b
 
@@ -103,6 +107,55 @@ def test_entries_waiting_on_a_worker_queue_count_as_its_load(fleet):
     assert first.worker_id == a
     # One entry waiting on a's queue costs it the 5 blocks the request would prefill there.
     assert fleet.route("t1").worker_id == b
+
+
+def test_an_entry_its_worker_read_counts_until_its_stats_show_it(fleet):
+    a, b = fleet.worker(), fleet.worker()
+    fleet.holds(a, "t1", 4)
+    for w in (a, b):
+        fleet.rds.hset(p.stats_key(w), routed_inflight_field("interactive"), 0)
+    assert fleet.route("t1").worker_id == a
+    queue = p.worker_queue_key(a, "interactive")
+    # a reads it (pending on a's consumer) before its next stats: still a's load.
+    fleet.rds.xreadgroup(p.GROUP, a, {queue: ">"})
+    assert fleet.route("t1").worker_id == b
+    fleet.rds.xtrim(p.worker_queue_key(b, "interactive"), maxlen=0)
+    # Its stats now show it, waiting in its engine: the load is seen there instead.
+    fleet.rds.hset(p.stats_key(a), mapping={
+        routed_inflight_field("interactive"): 1, "num_waiting_tokens": len(PROMPT),
+    })  # fmt: skip
+    assert fleet.route("t1").worker_id == b
+    fleet.rds.xtrim(p.worker_queue_key(b, "interactive"), maxlen=0)
+    # Done and acknowledged, a is idle again and its prefix wins.
+    entry = fleet.rds.xrange(queue)[0][0]
+    fleet.rds.xack(queue, p.GROUP, entry)
+    fleet.rds.xdel(queue, entry)
+    fleet.rds.hset(p.stats_key(a), mapping={
+        routed_inflight_field("interactive"): 0, "num_waiting_tokens": 0,
+    })  # fmt: skip
+    assert fleet.route("t1").worker_id == a
+
+
+def test_an_entry_another_worker_took_is_not_its_queues_load(fleet):
+    a, b = fleet.worker(), fleet.worker()
+    fleet.holds(a, "t1", 4)
+    fleet.rds.hset(p.stats_key(a), routed_inflight_field("interactive"), 0)
+    assert fleet.route("t1").worker_id == a
+    # b steals it: pending on b's consumer, in b's load (its stats), not on a.
+    fleet.rds.xreadgroup(p.GROUP, b, {p.worker_queue_key(a, "interactive"): ">"})
+    assert fleet.route("t1").worker_id == a
+
+
+def test_the_output_of_entries_ahead_weighs_on_their_worker(fleet):
+    a, b = fleet.worker(), fleet.worker()
+    fleet.holds(a, "t1", 8)  # saves 8 of 9 blocks
+    fleet.route("t1")  # one entry waits on a's queue
+    # Short answers: the entry ahead costs a little, the prefix wins.
+    assert fleet.route("t1").worker_id == a
+    fleet.rds.xtrim(p.worker_queue_key(a, "interactive"), maxlen=1)
+    # 30 blocks of output each: the entries ahead will hold 30 KV blocks apiece on a, more
+    # than the 8 blocks of prefill and 8 of KV the prefix saves.
+    assert fleet.route("t1", out_tokens=30 * BS).worker_id == b
 
 
 def test_dead_and_draining_workers_get_nothing_and_no_worker_means_the_shared_queue(fleet):
