@@ -15,16 +15,30 @@ import redis
 from engine.outputs import RequestDelta
 from metering.records import RequestRecord, usage_counts
 from service import streams as p
-from service.events import DoneEvent, ErrorEvent, encode_event
+from service.events import EVENT_FIELD, DoneEvent, ErrorEvent
 from service.settings import Settings
 from workers.inflight import Inflight
-from workers.output_events import delta_event, final_event
+from workers.output_events import delta_event_json, final_event
 from workers.ownership import finish_call, requeue_call
 from workers.usage import usage_record
 
 # A stream's TTL is set with its first event and refreshed every this many (and at its end),
 # not with every token: one command per token instead of two on the step's round trip.
 TTL_REFRESH_EVENTS = 256
+
+# A step's token deltas, one per running request, go out in one call instead of one XADD each:
+# redis-py spends ~10 µs of Python packing and parsing each command of a pipeline, which at 130
+# running requests was most of the round trip (benchmarks/exchange_cost.py); Redis's own work
+# is the same XADDs. KEYS: the output streams. ARGV per key: the encoded event, then the TTL to
+# set in seconds (0: leave it).
+PUBLISH_SCRIPT = f"""
+for i = 1, #KEYS do
+  redis.call('XADD', KEYS[i], '*', '{EVENT_FIELD}', ARGV[2 * i - 1])
+  local ttl = tonumber(ARGV[2 * i])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
+end
+return #KEYS
+"""
 
 
 @dataclass(slots=True)
@@ -80,10 +94,24 @@ class Outbox:
             num_acks=len(self.acks),
             dequeued=dict(self.dequeued),
         )
+        # Every request's deltas before any end: its own end is its last delta, so it still
+        # follows its tokens on the stream.
+        keys: list[str] = []
+        args: list[str | int] = []
+        ends: list[tuple[Inflight, RequestDelta]] = []
         for delta in self.deltas:
             f = inflight.get(delta.request_id)
-            if f is not None:
-                self._publish(pipe, out, f, delta)
+            if f is None:
+                continue
+            if delta.finished:
+                ends.append((f, delta))
+            else:
+                self._publish(keys, args, out, f, delta)
+        if keys:
+            pipe.eval(PUBLISH_SCRIPT, len(keys), *keys, *args)
+        for f, delta in ends:
+            if f.final is None:  # else: the engine's end of a request the worker ended itself
+                self._finish(pipe, out, f, final_event(self.worker_id, f, delta), delta)
         for f, event in self.failed:
             self._finish(pipe, out, f, event)
         for f in self.requeues:
@@ -109,18 +137,17 @@ class Outbox:
         for f, tokens in out.sent:
             f.confirmed_tokens = max(f.confirmed_tokens, tokens)
 
-    def _publish(self, pipe, out: Written, f: Inflight, delta: RequestDelta) -> None:
-        if not delta.finished:
-            key = p.output_key(delta.request_id)
-            pipe.xadd(key, encode_event(delta_event(self.worker_id, f, delta)))
-            if f.num_events % TTL_REFRESH_EVENTS == 0:
-                pipe.expire(key, self.output_ttl(f))
-            f.num_events += 1
-            f.published = True
-            f.sent_tokens = max(f.sent_tokens, delta.usage.completion_tokens)
-            out.sent.append((f, f.sent_tokens))
-        elif f.final is None:  # else: the engine's end of a request the worker ended itself
-            self._finish(pipe, out, f, final_event(self.worker_id, f, delta), delta)
+    def _publish(
+        self, keys: list, args: list, out: Written, f: Inflight, delta: RequestDelta
+    ) -> None:
+        """One delta event onto PUBLISH_SCRIPT's arguments."""
+        keys.append(p.output_key(delta.request_id))
+        args.append(delta_event_json(self.worker_id, f, delta))
+        args.append(self.output_ttl(f) if f.num_events % TTL_REFRESH_EVENTS == 0 else 0)
+        f.num_events += 1
+        f.published = True
+        f.sent_tokens = max(f.sent_tokens, delta.usage.completion_tokens)
+        out.sent.append((f, f.sent_tokens))
 
     def _finish(
         self, pipe, out: Written, f: Inflight, event: DoneEvent | ErrorEvent, delta: Any = None

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from json.encoder import encode_basestring_ascii as json_string
 
 from engine.outputs import RequestDelta
 from service.events import DeltaEvent, DoneEvent, ErrorEvent, error_event
@@ -31,6 +32,20 @@ def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
     if not f.published:  # the first: what a worker resuming it bills as cached
         event["cached_tokens"] = delta.usage.cached_tokens
     return event
+
+
+def delta_event_json(worker_id: str, f: Inflight, delta: RequestDelta) -> str:
+    """delta_event's JSON as service.events.encode_event writes it, formatted directly: one per
+    running request per step, and json.dumps of the dict was most of the worker's round-trip
+    build time (benchmarks/exchange_cost.py). Strings go through json's own escaping."""
+    tokens = ",".join(map(str, delta.new_token_ids))
+    head = (
+        f'{{"type":"delta","text":{json_string(delta.new_text)},"worker":{json_string(worker_id)}'
+        f',"completion_tokens":{int(delta.usage.completion_tokens)},"token_ids":[{tokens}]'
+    )
+    if not f.published:
+        return f'{head},"cached_tokens":{int(delta.usage.cached_tokens)}}}'
+    return head + "}"
 
 
 def final_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DoneEvent | ErrorEvent:
