@@ -191,12 +191,13 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
             usage_reader=server.request_timings if server is not None else None,
         )  # fmt: skip
         print(f"served: {model} at {base_url}, {clients} client processes", flush=True)
-        _warm_up(backend, plan, rates[0], args.warmup_s)
-        return plan, sweep(
+        warm = _warm_up(backend, plan, rates[0], args.warmup_s)
+        swept = sweep(
             lambda rate: run_rate(backend, plan, rate, targets), rates,
             bisect_rounds=args.bisect, stop_after_failure=not args.no_stop_on_miss,
             on_run=on_run,
         )  # fmt: skip
+        return plan, swept | ({"warmup": warm} if warm else {})
     finally:
         if server is not None:
             server.cleanup()
@@ -213,11 +214,13 @@ def _engine_sweep(args, spec, rates, targets, plan, on_run):
     if plan is None:
         plan = _plan(args, spec, engine.max_model_len, _vocab(args, settings.model))
     backend = EngineBackend(engine)
-    _warm_up(backend, plan, rates[0], args.warmup_s)
+    warm = _warm_up(backend, plan, rates[0], args.warmup_s)
     result = sweep(
         lambda rate: run_rate(backend, plan, rate, targets), rates,
         bisect_rounds=args.bisect, stop_after_failure=not args.no_stop_on_miss, on_run=on_run,
     )  # fmt: skip
+    if warm:
+        result["warmup"] = warm
     if engine.device.type == "cuda":  # the ceilings of this very GPU, for the roofline
         import torch
 
@@ -234,12 +237,24 @@ def _engine_sweep(args, spec, rates, targets, plan, on_run):
     return result
 
 
-def _warm_up(backend, plan, rate: float, seconds: float) -> None:
+def _warm_up(backend, plan, rate: float, seconds: float) -> dict | None:
+    """Untimed traffic on a cold server; what failed in it is kept (by priority and status,
+    e.g. http_503:overloaded for a request load shedding refused) though no figure uses it."""
     if seconds <= 0:
-        return
+        return None
     requests = plan.requests(rate, seed=plan.seed + 10_000, duration_s=seconds)
-    if requests:
-        backend.run(requests, f"{backend.name} warm-up")
+    if not requests:
+        return None
+    records, _, _ = backend.run(requests, f"{backend.name} warm-up")
+    errors: dict[str, dict[str, int]] = {}
+    for r in records:
+        if not r.ok:
+            by_status = errors.setdefault(r.priority, {})
+            by_status[r.status] = by_status.get(r.status, 0) + 1
+    num_failed = sum(n for by_status in errors.values() for n in by_status.values())
+    if num_failed:
+        print(f"{backend.name} warm-up: {num_failed} of {len(records)} failed: {errors}")
+    return {"rate": rate, "duration_s": seconds, "num_requests": len(records), "errors": errors}
 
 
 def _plan(args, spec, max_model_len: int | None, vocab: tuple[int, frozenset[int]]):

@@ -32,7 +32,8 @@ class RequestRecord:
     priority: str
     arrival_s: float  # scheduled arrival, seconds from the run's start
     num_prompt: int
-    status: str = "pending"  # "ok", or what went wrong: "http_503", "error:<code>", "timeout"
+    # "ok", or what went wrong: "http_503:queue_full", "error:<code>", "timeout", ...
+    status: str = "pending"
     first_token_s: float | None = None
     finish_s: float | None = None
     num_output: int = 0

@@ -45,6 +45,17 @@ def ids_to_text(ids: list[int]) -> str:
     return "".join(" " + _WORDS[t % len(_WORDS)] for t in ids)
 
 
+def _error_code(body: bytes) -> str:
+    """ ":<code>" of an OpenAI-shaped error body (which 503 it was: queue_full, overloaded,
+    no_worker, ...), or "" when the body is not one."""
+    try:
+        err = json.loads(body).get("error") or {}
+    except (ValueError, AttributeError):
+        return ""
+    code = err.get("code") if isinstance(err, dict) else None
+    return f":{code}" if code else ""
+
+
 def request_body(target: Target, r: BenchRequest) -> dict:
     body: dict = {
         "model": target.model,
@@ -90,8 +101,7 @@ async def _send(session, target: Target, index: int, r: BenchRequest, t0: float,
         async with session.post(url, json=request_body(target, r), headers=headers) as resp:
             rec.request_id = resp.headers.get("x-request-id")
             if resp.status != 200:
-                await resp.read()
-                rec.status = f"http_{resp.status}"
+                rec.status = f"http_{resp.status}" + _error_code(await resp.read())
                 return rec
             async for line in resp.content:
                 if not line.startswith(b"data: "):

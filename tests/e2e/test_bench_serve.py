@@ -74,6 +74,8 @@ def test_bench_serve_launch_sweep_and_compare(tmp_path):
             assert every["output_tok_s"] > 0
             assert set(report) >= {"interactive", "batch", "window_s", "meets_targets"}
             assert run_["steps"]["steps"] > 0  # the worker's (served) or engine's step trace
+        warm = sweep.get("warmup")  # None when the warm-up second drew no arrival
+        assert warm is None or (warm["num_requests"] > 0 and warm["errors"] == {}), warm
     for run_ in result["served"]["runs"]:  # per worker: prefix hit rate, how requests came
         (worker,) = run_["fleet"]["workers"].values()
         taken = sum(worker[how] for how in ("routed", "shared", "stolen", "reclaimed"))

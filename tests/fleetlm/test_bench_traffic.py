@@ -9,6 +9,7 @@ import statistics
 import pytest
 
 from fleetlm.bench.latency import RequestRecord, Targets, summarize
+from fleetlm.bench.loadgen import _error_code
 from fleetlm.bench.serve_bench import sweep
 from fleetlm.bench.workloads import SEED_TRAFFIC, describe, generate
 
@@ -128,3 +129,11 @@ def test_goodput_sweep_and_bisection():
     assert ran == [2.0, 8.0, 12.0] and every["goodput_rate"] == 2.0
     none = sweep(lambda r: run(r + 10), [1.0], log=lambda _: None)
     assert none["goodput_rate"] == 0.0 and not math.isnan(none["goodput_output_tok_s"])
+
+
+def test_a_refusal_is_reported_with_its_error_code():
+    shed = b'{"error": {"message": "m", "type": "server_error", "code": "overloaded"}}'
+    assert _error_code(shed) == ":overloaded"
+    assert _error_code(b'{"error": {"message": "m", "code": null}}') == ""
+    assert _error_code(b"<html>bad gateway</html>") == ""
+    assert _error_code(b"[1, 2]") == ""
