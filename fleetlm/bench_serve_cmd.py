@@ -197,7 +197,9 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
             bisect_rounds=args.bisect, stop_after_failure=not args.no_stop_on_miss,
             on_run=on_run,
         )  # fmt: skip
-        return plan, swept | ({"warmup": warm} if warm else {})
+        if warm:
+            swept["warmup"] = warm
+        return plan, swept
     finally:
         if server is not None:
             server.cleanup()

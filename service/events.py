@@ -57,13 +57,10 @@ def error_event(message: str, code: str) -> ErrorEvent:
     return {"type": "error", "message": message, "code": code}
 
 
-EVENT_FIELD = "e"  # the one field of an output-stream entry
-
-
 def encode_event(event: Event) -> dict[str, str]:
-    return {EVENT_FIELD: json.dumps(event, separators=(",", ":"))}
+    return {"e": json.dumps(event, separators=(",", ":"))}
 
 
 def decode_event(fields: dict) -> Event:
-    raw = fields.get(EVENT_FIELD, fields.get(EVENT_FIELD.encode()))
+    raw = fields.get("e", fields.get(b"e"))
     return json.loads(raw)

@@ -15,7 +15,7 @@ import redis
 from engine.outputs import RequestDelta
 from metering.records import RequestRecord, usage_counts
 from service import streams as p
-from service.events import EVENT_FIELD, DoneEvent, ErrorEvent
+from service.events import DoneEvent, ErrorEvent
 from service.settings import Settings
 from workers.inflight import Inflight
 from workers.output_events import delta_event_json, final_event
@@ -30,10 +30,10 @@ TTL_REFRESH_EVENTS = 256
 # redis-py spends ~10 µs of Python packing and parsing each command of a pipeline, which at 130
 # running requests was most of the round trip (benchmarks/exchange_cost.py); Redis's own work
 # is the same XADDs. KEYS: the output streams. ARGV per key: the encoded event, then the TTL to
-# set in seconds (0: leave it).
-PUBLISH_SCRIPT = f"""
+# set in seconds (0: leave it). Field "e", as service/events.py's encode_event writes it.
+PUBLISH_SCRIPT = """
 for i = 1, #KEYS do
-  redis.call('XADD', KEYS[i], '*', '{EVENT_FIELD}', ARGV[2 * i - 1])
+  redis.call('XADD', KEYS[i], '*', 'e', ARGV[2 * i - 1])
   local ttl = tonumber(ARGV[2 * i])
   if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
 end

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine.outputs import RequestDelta, RequestUsage
-from service.events import EVENT_FIELD, decode_event, encode_event
+from service.events import decode_event, encode_event
 from tests.wire import queued_request
 from workers.inflight import Inflight
 from workers.output_events import delta_event, delta_event_json
@@ -34,8 +34,8 @@ def test_delta_json_is_what_json_dumps_writes(text: str, published: bool):
         f.request_id, [5, 0, 128000], text, False, None, None, usage, 0.0, 0.0, 0.0, None
     )
     fast = delta_event_json('vm-1-ab"cd', f, delta)
-    assert fast == encode_event(delta_event('vm-1-ab"cd', f, delta))[EVENT_FIELD]
-    event = decode_event({EVENT_FIELD: fast})
+    assert fast == encode_event(delta_event('vm-1-ab"cd', f, delta))["e"]
+    event = decode_event({"e": fast})
     assert event["text"] == text and event["token_ids"] == [5, 0, 128000]
     assert ("cached_tokens" in event) is not published
     json.loads(fast)
