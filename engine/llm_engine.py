@@ -28,6 +28,7 @@ from engine.step_outputs import flush_text, new_tokens_delta, request_delta
 from engine.step_trace import StepTrace
 from engine.tokenizer import Tokenizer
 from engine.tp_followers import start_tensor_parallel
+from kernels import compile_counter
 
 
 @dataclass(slots=True)
@@ -69,6 +70,8 @@ class LLMEngine:
             self.shutdown()
             raise
         self.runner.eos_token_ids = eos
+        compile_counter.install()
+        self._compiles_at_ready = self._compiles_seen = compile_counter.count()
         num_blocks = self.runner.num_blocks
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(
@@ -305,6 +308,7 @@ class LLMEngine:
         timing = self.runner.timing
         bm = self.block_manager
         out = step.out
+        compiles = compile_counter.count()
         # wall_s counts the engine's own time: launch + wait + post, not what the caller did
         # between begin_step and finish_step.
         row = self.step_trace.record(
@@ -315,7 +319,9 @@ class LLMEngine:
             num_decodes=out.num_decodes, num_seqs=len(out.requests),
             num_running=len(self.scheduler.running), num_waiting=self.scheduler.num_waiting,
             kv_usage=bm.usage, overlapped=float(step.feeds_from is not None),
+            kernel_compiles=compiles - self._compiles_seen,
         )  # fmt: skip
+        self._compiles_seen = compiles
         self.last_step_row = row
         events = self.runner.step_events
         if events:
@@ -343,4 +349,5 @@ class LLMEngine:
             ),
             spec_decode_num_draft_tokens=self.scheduler.num_spec_draft_tokens,
             spec_decode_num_accepted_tokens=self.scheduler.num_spec_accepted_tokens,
+            kernel_compiles=compile_counter.count() - self._compiles_at_ready,
         )

@@ -92,6 +92,7 @@ class ModelRunner:
         # Benchmarks set a list here to collect (start, end) CUDA events of every step.
         self.step_events: list | None = None
         self._step_start = None  # the open step's start event (begin_step), when collecting
+        self.warmup_report: dict | None = None  # kernel_warmup.warm_up_mixed_steps, once run
 
     # -- the step ------------------------------------------------------------------------
 

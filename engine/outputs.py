@@ -71,3 +71,6 @@ class EngineStats:
     # Engine totals (vllm:spec_decode_num_draft_tokens / vllm:spec_decode_num_accepted_tokens).
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # Triton compilations since the engine was ready (kernels/compile_counter.py): each stalled
+    # a step; start-up warm-up should leave none.
+    kernel_compiles: int = 0

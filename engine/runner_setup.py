@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.kernel_warmup import warm_up_mixed_steps
 from engine.model_runner import ModelRunner
 from engine.models.config import PRESETS, ModelConfig
 from engine.tensor_parallel import SINGLE, TensorParallel
@@ -69,4 +70,7 @@ def build_runner(
     runner.max_model_len = config.max_model_len or min(rope_len, runner.num_blocks * block_size)
     if device.type == "cuda" and config.use_cuda_graphs:
         runner.capture_graphs(config.max_num_seqs)
+    if device.type == "cuda" and config.warm_up_kernels:
+        # Every rank runs the same synthetic steps, so their collectives line up.
+        runner.warmup_report = warm_up_mixed_steps(runner)
     return runner

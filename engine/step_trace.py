@@ -36,6 +36,7 @@ ENGINE_FIELDS = (
     "num_running",
     "num_waiting",
     "kv_usage",
+    "kernel_compiles",  # Triton compilations during the step (each one stalls it)
 )
 
 
@@ -129,6 +130,8 @@ def summarize_steps(cols: dict) -> dict:
         }
         if name.endswith("_s"):
             out[key]["total_s"] = float(finite.sum())
+        elif name == "kernel_compiles":
+            out[key]["total"] = float(finite.sum())
     if "gpu_s" in cols and span > 0:
         gpu = cols["gpu_s"][np.isfinite(cols["gpu_s"])]
         out["gpu_busy_fraction"] = float(gpu.sum() / span) if gpu.size else math.nan

@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--device", default="auto")
     e.add_argument("--dtype", default="auto")
     e.add_argument("--max-num-seqs", type=int, default=256)
-    e.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    e.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="default: the engine's (4096)"
+    )
     e.add_argument("--num-kv-blocks", type=int, default=None)
     e.add_argument("--quantization", choices=("fp8",), default=None, help="FP8 weights")
     e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
@@ -46,10 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine import EngineConfig, LLMEngine
 
+    budget = {}
+    if args.max_num_batched_tokens is not None:
+        budget["max_num_batched_tokens"] = args.max_num_batched_tokens
     engine = LLMEngine(
         EngineConfig(
             model=args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+            num_kv_blocks=args.num_kv_blocks, **budget,
             quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
             tensor_parallel_size=args.tensor_parallel_size,
             overlap_scheduling=OVERLAP_MODES[args.overlap][0],

@@ -86,7 +86,7 @@ class Settings(BaseSettings):
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.90
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = 4096  # engine/config.py says why
     enable_prefix_caching: bool = True
     # Speculative decoding (docs/speculative.md): "ngram" or "draft" (with draft_model).
     speculative_method: Literal["ngram", "draft"] | None = None

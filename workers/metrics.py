@@ -40,6 +40,10 @@ _ENGINE_COUNTERS = {
     "num_preemptions": ("vllm:num_preemptions", "Cumulative number of preemptions."),
     "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens", "Draft tokens."),
     "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens", "Accepted."),
+    "kernel_compiles": (
+        "fleetlm:kernel_compiles",
+        "Triton kernel compilations after start-up (each stalls a step).",
+    ),
 }
 
 

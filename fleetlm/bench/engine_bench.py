@@ -131,6 +131,7 @@ def run_workload(
         "max_running": int(steps["num_running"].max(initial=0)),
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "preemptions": stats1.num_preemptions - stats0.num_preemptions,
+        "kernel_compiles": stats1.kernel_compiles - stats0.kernel_compiles,
     }
     if keep_records:
         result["records"] = [records[f"bench-{idx}"] for idx, _ in pending]

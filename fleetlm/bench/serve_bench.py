@@ -228,6 +228,9 @@ def one_line(run: dict) -> str:
             f", step p50 {step['wall_ms']['p50']:.1f} ms, running p50 "
             f"{step['num_running']['p50']:.0f}"
         )
+        compiles = step.get("kernel_compiles", {}).get("total", 0)
+        if compiles:
+            step_txt += f", {compiles:.0f} kernel compiles mid-run"
     line = (
         f"  {run['rate']:g} req/s: {every['output_tok_s']:.0f} out tok/s, interactive TTFT "
         f"p50/p95 {_s(inter['ttft_s']['p50'])}/{_s(inter['ttft_short_prompts_s']['p95'])} s, "

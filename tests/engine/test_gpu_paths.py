@@ -180,3 +180,25 @@ def test_paged_attention_prefill_paths_match_reference(cache_dtype):
 
     got, want = run("cuda"), run("cpu")
     assert _rel(got, want) < 1e-2
+
+
+def test_no_kernel_compiles_after_start_up_warm_up(model_dir):
+    # Mixed steps of every shape (prompts of 1 to ~600 tokens, half behind a cached prefix,
+    # chunked by a small budget, beside decodes of growing context) must find every attention
+    # variant compiled by the start-up warm-up (engine/kernel_warmup.py).
+    from kernels import compile_counter
+
+    g = torch.Generator().manual_seed(1)
+    system = torch.randint(2, 500, (96,), generator=g).tolist()
+    lens = [1, 2, 3, 4, 5, 8, 9, 15, 17, 31, 33, 64, 100, 257, 600]
+    prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in lens]
+    prompts += [system + p for p in prompts]
+    llm = LLM(str(model_dir), dtype="bfloat16", device="cuda", max_num_batched_tokens=256)
+    report = llm.engine.runner.warmup_report
+    assert report is not None and report["steps"] > 10
+    before = compile_counter.snapshot()
+    for i in range(0, len(prompts), 5):  # arrivals in waves: decodes beside new prompts
+        llm.generate(prompts[i : i + 10], GREEDY)
+    after = compile_counter.snapshot()
+    new = {k: n - before.by_kernel.get(k, 0) for k, n in after.by_kernel.items()}
+    assert llm.engine.stats().kernel_compiles == 0, {k: n for k, n in new.items() if n}
