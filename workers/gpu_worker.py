@@ -39,6 +39,7 @@ from workers.heartbeat import Heartbeat
 from workers.inflight import Inflight
 from workers.load_report import LoadReport
 from workers.metrics import WorkerMetrics
+from workers.metrics_publisher import MetricsPublisher
 from workers.outbox import Outbox
 from workers.poll_pacer import SPIN_S, PollPacer
 from workers.prefix_publisher import PrefixPublisher
@@ -104,6 +105,10 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
         self.load = LoadReport()
         self.pacer = PollPacer()
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
+        self.metrics_publisher = MetricsPublisher(
+            sync_redis(redis_url, settings), self.metrics.registry,
+            p.metrics_key(self.worker_id), self._dead_after_ms,
+        )  # fmt: skip
         self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
         self.control = WorkerControl(self.engine, settings, redis_url, self.worker_id)
 
@@ -121,6 +126,7 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
             name="heartbeat",
             daemon=True,
         ).start()
+        self.metrics_publisher.start()
         self.control.start(self.stopping)
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)

@@ -1,9 +1,9 @@
 # A worker's Prometheus series, with vLLM's names so existing dashboards and autoscalers work.
 # The hot path only touches in-process objects: counters per step, and histogram values that
-# are bucketed once per step (batch_histogram.py). The registry is serialised at most once per
-# `snapshot_interval_s` and rides on the worker's per-step Redis round trip
-# (fleetlm:worker:{id}:metrics), where the API's /metrics picks it up; the same registry is
-# served on the worker's own port if enabled.
+# are bucketed once per step (batch_histogram.py). At most once per `snapshot_interval_s` the
+# step thread sets the gauges and a publisher thread serialises the registry into Redis
+# (fleetlm:worker:{id}:metrics, workers/metrics_publisher.py), where the API's /metrics picks it
+# up; the same registry is served on the worker's own port if enabled.
 from __future__ import annotations
 
 import time
@@ -175,16 +175,20 @@ class WorkerMetrics:
 
     # -- export --------------------------------------------------------------------------
 
-    def snapshot_due(self, stats: Any, draining: bool) -> bytes | None:
-        """The exposition text, at most once per snapshot interval (None in between)."""
+    def snapshot_due(self, stats: Any, draining: bool) -> bool:
+        """At most once per snapshot interval: set the gauges from `stats` and say a snapshot
+        is due (workers/metrics_publisher.py serialises it off the step thread)."""
         now = time.monotonic()
         elapsed = now - self._last_snapshot
         if elapsed < self.snapshot_interval_s:
-            return None
+            return False
         if self._last_snapshot:
             self.busy_fraction.set(min(1.0, self._busy_since_snapshot / elapsed))
         self._last_snapshot, self._busy_since_snapshot = now, 0.0
         self.update(stats, draining)
+        return True
+
+    def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
     def update(self, stats: Any, draining: bool) -> None:

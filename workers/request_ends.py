@@ -77,6 +77,7 @@ class RequestEnds:
     def _shutdown(self) -> None:
         """Publishes what waits, ends the requests still streaming (`shutdown`, billed as
         published), hands unstarted ones back to their queue, and leaves the worker set."""
+        self.metrics_publisher.close()  # before the key is deleted below, which it would undo
         self._hand_back_unstarted()
         self._end_all(
             error_event("The server is shutting down; the request was stopped.", "shutdown"),

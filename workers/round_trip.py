@@ -108,9 +108,8 @@ class RoundTrip:
         pipe.expire(p.stats_key(self.worker_id), 60)
         exchange.blocks = self.prefix.write(pipe)
         self.metrics.published_blocks.set(self.prefix.num_published)
-        snapshot = self.metrics.snapshot_due(stats, self.draining.is_set())
-        if snapshot is not None:
-            pipe.set(p.metrics_key(self.worker_id), snapshot, px=self._dead_after_ms)
+        if self.metrics.snapshot_due(stats, self.draining.is_set()):
+            self.metrics_publisher.submit()  # serialised and written off this thread
 
         room = self.settings.worker_max_waiting - stats.num_waiting
         if self.draining.is_set() or self.outage_since is not None:
