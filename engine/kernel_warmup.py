@@ -97,9 +97,7 @@ def warm_up_mixed_steps(runner) -> dict:
     for step in steps:
         packed = pack(step, runner.block_size, runner.num_blocks, runner.max_model_len)
         batch = runner.batch_builder.to_device(packed)
-        hidden = runner.model(
-            batch.input_ids, batch.positions, batch.meta, runner.kv_caches, runner.cos_sin
-        )
+        hidden = runner._forward(batch.input_ids, batch.positions, batch.meta)  # eager
         runner.model.compute_logits(hidden[batch.logits_indices])
         if pieces is not None and pieces.can_run(step.num_tokens):
             pieces.run(batch)

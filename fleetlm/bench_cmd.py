@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--dtype", default="auto")
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument(
-        "--max-num-batched-tokens", type=int, default=None, help="default: the engine's (4096)"
+        "--max-num-batched-tokens", type=int, default=_engine_default("max_num_batched_tokens")
     )
     e.add_argument("--num-kv-blocks", type=int, default=None)
     e.add_argument("--quantization", choices=("fp8",), default=None, help="FP8 weights")
@@ -45,16 +45,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=run)
 
 
+def _engine_default(name: str):
+    from dataclasses import fields
+
+    from engine.config import EngineConfig  # torch-free
+
+    return next(f.default for f in fields(EngineConfig) if f.name == name)
+
+
 def run(args: argparse.Namespace) -> int:
     from engine import EngineConfig, LLMEngine
 
-    budget = {}
-    if args.max_num_batched_tokens is not None:
-        budget["max_num_batched_tokens"] = args.max_num_batched_tokens
     engine = LLMEngine(
         EngineConfig(
             model=args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-            num_kv_blocks=args.num_kv_blocks, **budget,
+            max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
             quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
             tensor_parallel_size=args.tensor_parallel_size,
             overlap_scheduling=OVERLAP_MODES[args.overlap][0],

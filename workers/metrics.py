@@ -15,7 +15,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     disable_created_metrics,
-    generate_latest,
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily
@@ -187,9 +186,6 @@ class WorkerMetrics:
         self._last_snapshot, self._busy_since_snapshot = now, 0.0
         self.update(stats, draining)
         return True
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
 
     def update(self, stats: Any, draining: bool) -> None:
         self.running.set(stats.num_running)

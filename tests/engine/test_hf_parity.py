@@ -96,19 +96,12 @@ def test_piecewise_graph_pieces_keep_outputs(family_case):
     # Steps with prompt chunks through the per-layer pieces (engine/piecewise_graphs.py), run
     # eagerly through the same static buffers on the CPU: padding to a bucket must not change
     # a token. Small chunks make most steps mixed; buckets of 16, 32 and 48 tokens (a step ladder).
-    from engine.piecewise_graphs import PiecewiseGraphs
+    from tests.engine.counting_pieces import attach_counting_pieces
 
     directory, prompts, expected = family_case
     llm = LLM(str(directory), dtype="float32", device="cpu", num_kv_blocks=512,
               max_num_batched_tokens=48)  # fmt: skip
-    runner = llm.engine.runner
-    pieces = PiecewiseGraphs(
-        runner.model, runner.kv_caches, runner.cos_sin, device=runner.device,
-        dtype=runner.dtype, max_tokens=48, bucket_step=16,
-    )  # fmt: skip
-    runs = []
-    run = pieces.run
-    pieces.run = lambda batch: runs.append(batch.input_ids.shape[0]) or run(batch)
-    runner.piecewise = pieces
+    runs = attach_counting_pieces(llm.engine.runner, max_tokens=48, bucket_step=16)
+    pieces = llm.engine.runner.piecewise
     _assert_same(llm.generate(prompts, GREEDY), expected)
     assert len(runs) > 10 and len({pieces.bucket(n) for n in runs}) >= 3  # padded, mostly

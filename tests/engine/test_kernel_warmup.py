@@ -18,7 +18,7 @@ from engine.kernel_warmup import (
     warm_up_mixed_steps,
     warmup_steps,
 )
-from engine.piecewise_graphs import PiecewiseGraphs
+from tests.engine.counting_pieces import attach_counting_pieces
 from tests.hf_models import VOCAB, build_hf_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -89,13 +89,7 @@ def test_warm_up_writes_no_kv_and_changes_no_output(model_dir):
     llm = LLM(str(model_dir), **options)
     runner = llm.engine.runner
     # The graph pieces, run eagerly through their static buffers on the CPU: both paths.
-    runner.piecewise = pieces = PiecewiseGraphs(
-        runner.model, runner.kv_caches, runner.cos_sin, device=runner.device,
-        dtype=runner.dtype, max_tokens=64, bucket_step=16,
-    )  # fmt: skip
-    runs = []
-    run = pieces.run
-    pieces.run = lambda batch: runs.append(batch.input_ids.shape[0]) or run(batch)
+    runs = attach_counting_pieces(runner, max_tokens=64, bucket_step=16)
     runner.kv_caches.normal_()  # not zeros: a stray write would show
     before = runner.kv_caches.clone()
     report = warm_up_mixed_steps(runner)
