@@ -224,30 +224,32 @@ def _decode_reduce_kernel(
     stride_o_head,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two
+    BLOCK_H: tl.constexpr,  # heads per program: one program per (seq, BLOCK_H heads)
 ):
     seq = tl.program_id(0)
-    head = tl.program_id(1)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
     offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S]
     offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    s_mask = offs_s < num_splits
+    h_mask = offs_h < num_heads
+    hs_mask = h_mask[:, None] & (offs_s < num_splits)[None, :]  # [BLOCK_H, BLOCK_S]
 
-    row = seq.to(tl.int64) * num_heads + head
-    # part_max[seq, head, s], part_sum[seq, head, s]
-    m = tl.load(part_max_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))
-    l = tl.load(part_sum_ptr + row * num_splits + offs_s, mask=s_mask, other=0.0)
-    m_max = tl.max(m, axis=0)
+    # flat (seq, head, split) index of part_max / part_sum: [BLOCK_H, BLOCK_S]
+    rows = (seq.to(tl.int64) * num_heads + offs_h)[:, None] * num_splits + offs_s[None, :]
+    m = tl.load(part_max_ptr + rows, mask=hs_mask, other=float("-inf"))
+    l = tl.load(part_sum_ptr + rows, mask=hs_mask, other=0.0)
+    m_max = tl.max(m, axis=1)  # [BLOCK_H]
     # all splits empty (seq_len 0): use 0 as the reference so no (-inf) - (-inf) NaN appears
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max)  # [BLOCK_S]; 0 for empty splits (m == -inf)
-    total = tl.sum(w * l, axis=0)
-    # part_acc[seq, head, s, d] -> [BLOCK_S, HEAD_DIM]
-    acc_ptrs = part_acc_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :]
-    acc = tl.load(acc_ptrs, mask=s_mask[:, None], other=0.0)
-    o = tl.sum(w[:, None] * acc, axis=0) / tl.where(total > 0.0, total, 1.0)  # [HEAD_DIM]
+    w = tl.exp2(m - m_max[:, None])  # [BLOCK_H, BLOCK_S]; 0 for empty splits (m == -inf)
+    total = tl.sum(w * l, axis=1)  # [BLOCK_H]
+    # part_acc[seq, head, s, d] -> [BLOCK_H, BLOCK_S, HEAD_DIM]
+    acc_ptrs = part_acc_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :]
+    acc = tl.load(acc_ptrs, mask=hs_mask[:, :, None], other=0.0)
+    o = tl.sum(w[:, :, None] * acc, axis=1)  # [BLOCK_H, HEAD_DIM]
+    o = o / tl.where(total > 0.0, total, 1.0)[:, None]
     # out[seq, head, d]
-    tl.store(
-        out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d, o.to(out_ptr.dtype.element_ty)
-    )
+    o_ptrs = out_ptr + seq * stride_o_seq + offs_h[:, None] * stride_o_head + offs_d[None, :]
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,6 +270,25 @@ MAX_SPLITS = 64  # cap of the automatic choice
 MAX_USER_SPLITS = 256  # cap of an explicit num_splits (the reduce kernel holds all of them)
 MIN_KEYS_PER_SPLIT = 256  # below this a split is mostly launch/reduce overhead
 PROGRAMS_PER_SM = 2  # the split heuristic aims for this many programs per SM
+# balanced_num_splits: ~12 waves of programs, each split >= 400 keys of a mean row; a long row
+# cut so that its ranges are <= 1/3 of a program slot's keys.
+SPREAD_WAVES = 12
+SPREAD_MIN_KEYS = 400
+STRAGGLER_FACTOR = 3
+# The reduce kernel: one program per (sequence, a few heads); its [heads, splits, head_dim]
+# float32 tile stays at <= REDUCE_MAX_ROWS rows of head_dim. One head per program made 8,192
+# programs of 2 KB each at batch 256 x 4 splits (0.8 TB/s on the H200).
+REDUCE_BLOCK_H: int | None = None
+REDUCE_MAX_ROWS = 64
+
+
+def reduce_heads_per_program(num_heads: int, group: int, num_splits: int) -> int:
+    """Heads one reduce program combines: REDUCE_BLOCK_H (None: one KV head's query group), a
+    power of two, halved until its (head, split) rows are <= REDUCE_MAX_ROWS."""
+    h = next_power_of_2(min(REDUCE_BLOCK_H or group, num_heads))
+    while h > 1 and h * next_power_of_2(num_splits) > REDUCE_MAX_ROWS:
+        h //= 2
+    return h
 
 
 def decode_launch(head_dim: int, kv_fp8: bool) -> tuple[int, int, int]:
@@ -299,31 +320,44 @@ def balanced_num_splits(
     num_sms_: int = 132,
     candidates: list[int] | None = None,
 ) -> int:
-    """Splits for a batch whose rows differ in length. Every row is cut into the same number of
-    ranges, and one program walks a range key tile by key tile, so a long row's range is a
-    straggler unless it is no longer than a typical row: at batch 96 with rows of 2,400 keys and
-    one of 30,000, one split took 1.05 ms per layer on an H200, 4 splits 0.45, 16 splits 0.34
-    (a batch of even rows: 0.26 / 0.25 / 0.27). Returns the larger of choose_num_splits' count
-    and longest / mean row; with `candidates` (counts captured in CUDA graphs, ascending), the
-    smallest candidate that reaches it, else the largest.
+    """Splits for a batch whose rows differ in length: the largest of
+      * choose_num_splits' count (enough programs to fill the GPU at all);
+      * enough programs for ~SPREAD_WAVES waves of PROGRAMS_PER_SM per SM, so the programs of
+        uneven rows even out and the last wave is a small share, while a split keeps
+        >= SPREAD_MIN_KEYS keys of a mean row (each range pays the pipeline's start and its
+        share of the reduce);
+      * STRAGGLER_FACTOR x longest / (keys per program slot): a long row's range must be short
+        beside what every slot does anyway, or the kernel waits for it.
+    Measured on an H200 (benchmarks/decode_split_sweep.py): batch 256 with nano's rows (uniform
+    in [350, 1050] keys) runs fastest unsplit (0.202 ms a layer; 4 splits 0.216 with the reduce);
+    batch 96 with rows of 2,400 and one of 30,000 needs 16 (0.344 ms; 1 split 1.04). With
+    `candidates` (counts captured in CUDA graphs, ascending): the smallest that reaches the
+    count, else the largest.
     """
     if not seq_lens:
         return candidates[0] if candidates else 1
-    longest, total = max(seq_lens), sum(seq_lens)
-    wanted = choose_num_splits(len(seq_lens), num_kv_heads, longest, num_sms_)
-    typical = max(MIN_KEYS_PER_SPLIT, total // len(seq_lens))
-    wanted = max(wanted, min(MAX_SPLITS, triton.cdiv(longest, typical)))
+    longest, total, num_seqs = max(seq_lens), sum(seq_lens), len(seq_lens)
+    fill = choose_num_splits(num_seqs, num_kv_heads, longest, num_sms_)
+    slots = PROGRAMS_PER_SM * num_sms_
+    spread = min(
+        triton.cdiv(SPREAD_WAVES * slots, num_seqs * num_kv_heads),
+        max(1, total // num_seqs // SPREAD_MIN_KEYS),
+    )
+    slot_keys = max(1, total * num_kv_heads // slots)  # keys each program slot walks
+    straggler = triton.cdiv(STRAGGLER_FACTOR * longest, slot_keys)
+    useful = max(1, triton.cdiv(longest, MIN_KEYS_PER_SPLIT))  # few rows: nothing to balance
+    wanted = min(MAX_SPLITS, max(fill, min(max(spread, straggler), useful)))
     if candidates:
         return next((c for c in candidates if c >= wanted), candidates[-1])
     return wanted
 
 
 def split_ladder(num_seqs: int, num_kv_heads: int, max_seq_len: int) -> list[int]:
-    """Split counts to capture per batch size: the even-lengths choice, and ×4, ×16 of it for
-    batches with stragglers (balanced_num_splits picks among them per step)."""
+    """Split counts to capture per batch size: the even-lengths choice and x2, x4, x8, x16 of it
+    (balanced_num_splits picks among them per step)."""
     base = choose_num_splits(num_seqs, num_kv_heads, max_seq_len)
     useful = max(1, triton.cdiv(max_seq_len, MIN_KEYS_PER_SPLIT))
-    return sorted({min(c, MAX_SPLITS, max(base, useful)) for c in (base, 4 * base, 16 * base)})
+    return sorted({min(base * f, MAX_SPLITS, max(base, useful)) for f in (1, 2, 4, 8, 16)})
 
 
 def paged_decode_attention(
@@ -425,7 +459,8 @@ def paged_decode_attention(
         num_stages=num_stages,
     )
     if num_splits > 1:
-        _decode_reduce_kernel[(num_seqs, num_heads)](
+        block_h = reduce_heads_per_program(num_heads, group, num_splits)
+        _decode_reduce_kernel[(num_seqs, triton.cdiv(num_heads, block_h))](
             part_max,
             part_sum,
             part_acc,
@@ -436,6 +471,7 @@ def paged_decode_attention(
             out.stride(1),
             HEAD_DIM=head_dim,
             BLOCK_S=next_power_of_2(num_splits),
+            BLOCK_H=block_h,
             num_warps=4 if head_dim >= 128 else 2,
         )
     return out

@@ -146,7 +146,8 @@ def variants(dt: str = "bf16"):
         yield (
             pda._decode_reduce_kernel,
             {"part_max_ptr": "fp32", "part_sum_ptr": "fp32", "part_acc_ptr": "fp32", "out_ptr": dt},
-            (), {"HEAD_DIM": head_dim, "BLOCK_S": 32}, 4, 1,
+            (), {"HEAD_DIM": head_dim, "BLOCK_S": 32,
+                 "BLOCK_H": pda.reduce_heads_per_program(32, group, 32)}, 4, 1,
         )  # fmt: skip
         for block_m in (ppa.BLOCK_M_16BIT, 16):
             yield (

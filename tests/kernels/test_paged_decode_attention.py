@@ -2,11 +2,17 @@
 # Tolerances: kernel_test_utils.TOL (fp32 rtol 1e-4 / atol 1e-5, bf16 rtol 1.6e-2 / atol 1e-2).
 # Every launch writes into an output pre-filled with NaN, so an element the kernel forgets to
 # write fails the comparison.
+import random
+
 import pytest
 import torch
 
 from kernels.paged_decode_attention import (
     MAX_SPLITS,
+    PROGRAMS_PER_SM,
+    SPREAD_MIN_KEYS,
+    SPREAD_WAVES,
+    STRAGGLER_FACTOR,
     balanced_num_splits,
     choose_num_splits,
     paged_decode_attention,
@@ -186,29 +192,83 @@ def test_choose_num_splits():
     assert choose_num_splits(1, 1, 1 << 20, 132) == 64  # capped
 
 
+def test_balanced_num_splits_leaves_a_full_batch_unsplit():
+    # nano's rows at batch 256 (uniform in [350, 1050] keys): 2,048 programs already even out;
+    # splitting only adds ranges and a reduce (H200: 0.202 ms a layer unsplit, 0.216 at 4)
+    rng = random.Random(0)
+    rows = [rng.randint(350, 1050) for _ in range(256)]
+    assert balanced_num_splits(rows, 8, 132, candidates=split_ladder(256, 8, 8192)) == 1
+    # a mid-size batch of long rows is spread over ~SPREAD_WAVES waves of programs, each range
+    # keeping >= SPREAD_MIN_KEYS keys of a mean row
+    chats = [2400] * 95
+    s = balanced_num_splits(chats, 8, 132)
+    assert 1 < s <= 2400 // SPREAD_MIN_KEYS
+    assert 95 * 8 * s >= SPREAD_WAVES * PROGRAMS_PER_SM * 132 or s == 2400 // SPREAD_MIN_KEYS
+
+
 def test_balanced_num_splits_cuts_a_straggler():
     chats = [2400] * 95
-    # Rows of similar length: the even-lengths choice.
-    assert balanced_num_splits(chats, 8, 132) == choose_num_splits(95, 8, 2400, 132) == 1
-    # One 30k document among them: its ranges must be no longer than a typical row.
+    # One 30k document among them: its ranges must be short beside every program slot's keys.
     s = balanced_num_splits([*chats, 30000], 8, 132)
-    typical = (sum(chats) + 30000) // 96
-    assert s > 1 and -(-30000 // s) <= typical
+    slot_keys = (sum(chats) + 30000) * 8 // (PROGRAMS_PER_SM * 132)
+    assert -(-30000 // s) * STRAGGLER_FACTOR <= slot_keys
     # Captured counts: the smallest that reaches the need, else the largest.
-    assert balanced_num_splits([*chats, 30000], 8, 132, candidates=[1, 4, 16]) == 16
-    assert balanced_num_splits([*chats, 6000], 8, 132, candidates=[1, 4, 16]) == 4
-    assert balanced_num_splits([*chats, 120000], 8, 132, candidates=[1, 4, 16]) == 16
-    assert balanced_num_splits(chats, 8, 132, candidates=[1, 4, 16]) == 1
+    ladder = split_ladder(96, 8, 8192)
+    assert ladder == [1, 2, 4, 8, 16]
+    assert balanced_num_splits([*chats, 30000], 8, 132, candidates=ladder) == 16
+    assert balanced_num_splits([*chats, 120000], 8, 132, candidates=ladder) == 16
+    assert balanced_num_splits([*chats, 6000], 8, 132, candidates=ladder) == 8
+    # Few rows: nothing to balance, never ranges under MIN_KEYS_PER_SPLIT keys.
+    assert balanced_num_splits([300], 8, 132) == choose_num_splits(1, 8, 300, 132) == 2
     assert balanced_num_splits([], 8, 132) == 1
     assert balanced_num_splits([1 << 20], 1, 132) <= MAX_SPLITS
 
 
 def test_split_ladder():
-    assert split_ladder(96, 8, 8192) == [1, 4, 16]
+    assert split_ladder(96, 8, 8192) == [1, 2, 4, 8, 16]
     small = split_ladder(1, 8, 8192)
     assert small[0] == choose_num_splits(1, 8, 8192) and small == sorted(set(small))
     assert max(small) <= MAX_SPLITS
     assert split_ladder(4, 8, 300) == [2]  # never more splits than 256-key ranges
+
+
+@pytest.mark.parametrize("block_h", [1, 2, 4, None])
+def test_decode_reduce_heads_per_program_agree(block_h, monkeypatch):
+    # the reduce kernel combines one head, a few, or one GQA group per program: same result
+    import kernels.paged_decode_attention as pda
+
+    monkeypatch.setattr(pda, "REDUCE_BLOCK_H", block_h)
+    out, _ = _run_case(
+        [70, 5, 128, 129, 0],
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+        num_splits=3,
+        seed=13,
+    )
+    monkeypatch.setattr(pda, "REDUCE_BLOCK_H", 1)
+    one, _ = _run_case(
+        [70, 5, 128, 129, 0],
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+        num_splits=3,
+        seed=13,
+    )
+    torch.testing.assert_close(out, one, rtol=1e-6, atol=1e-7)
+
+
+def test_reduce_heads_per_program():
+    from kernels.paged_decode_attention import REDUCE_MAX_ROWS, reduce_heads_per_program
+
+    assert reduce_heads_per_program(32, 4, 4) == 4  # one GQA group
+    assert reduce_heads_per_program(32, 4, 64) * 64 <= REDUCE_MAX_ROWS  # wide: fewer heads
+    assert reduce_heads_per_program(6, 3, 2) == 4  # a power of two (masked past num_heads)
+    assert reduce_heads_per_program(1, 1, 256) == 1
 
 
 def _bad_decode_args(case):
