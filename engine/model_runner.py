@@ -278,7 +278,7 @@ class ModelRunner:
             forward = self._forward_with_draft if query_len > 1 and self.draft else self._forward
             return StepGraphs(
                 forward, self.model.compute_logits,
-                vocab_size=self.model_config.vocab_size,
+                vocab_size=self.model_config.vocab_size, model_dtype=self.dtype,
                 num_kv_heads=self.shape.num_kv_heads, device=self.device,
                 max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
                 block_size=self.block_size, query_len=query_len,

@@ -113,7 +113,11 @@ def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """logits: [num_rows, vocab] float32 → token ids [num_rows] int64."""
+    """logits: [num_rows, vocab] → token ids [num_rows] int64. Greedy rows take the argmax in
+    the logits' own dtype (the same index as in float32: the upcast is exact); the rest sample
+    in float32."""
+    if not batch.all_greedy:
+        logits = logits.float()
     if batch.banned_rows:
         logits[batch.banned_rows, batch.banned_tokens] = float("-inf")
     greedy_tokens = logits.argmax(dim=-1)

@@ -209,6 +209,10 @@ class LlamaForCausalLM(nn.Module):
         hidden, _ = self.model.norm(hidden, residual)
         return hidden  # [num_tokens, hidden]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(
+        self, hidden: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """[num_rows, vocab] in `dtype`. The matmul rounds to the model dtype either way, so
+        asking for that dtype loses nothing and skips a float32 copy (decode graphs do)."""
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
-        return head.logits(hidden).float()  # [num_rows, vocab]
+        return head.logits(hidden).to(dtype)

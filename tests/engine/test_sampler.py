@@ -22,6 +22,19 @@ def test_greedy_is_argmax():
     assert out.tolist() == logits.argmax(-1).tolist()
 
 
+def test_bf16_logits_sample_as_their_float32_upcast():
+    # Decode graphs hand the sampler bf16 logits: greedy rows take the argmax in bf16 (ties
+    # included: many bf16 values repeat), sampled rows draw as from the float32 upcast.
+    logits = (torch.randn(16, 300) * 4).to(torch.bfloat16)
+    greedy = _batch([SamplingParams(temperature=0)] * 16, 300)
+    assert sample(logits.clone(), greedy).tolist() == sample(logits.float(), greedy).tolist()
+    mixed = [SamplingParams(temperature=0.8, seed=i) if i % 2 else SamplingParams(temperature=0)
+             for i in range(16)]  # fmt: skip
+    a = sample(logits.clone(), _batch(mixed, 300, seeded=True))
+    b = sample(logits.float(), _batch(mixed, 300, seeded=True))
+    assert a.tolist() == b.tolist()
+
+
 def test_top_k_one_equals_greedy_at_any_temperature():
     logits = torch.randn(8, 100)
     params = [SamplingParams(temperature=1.5, top_k=1)] * 8
