@@ -106,6 +106,7 @@ class Bench:
             paged_prefill_attention,
             rms_norm,
             rotary,
+            rotary_store_kv,
             silu_mul,
             store_kv,
         )
@@ -114,6 +115,7 @@ class Bench:
         self.dec, self.pre = paged_decode_attention, paged_prefill_attention
         self.dense = dense_prefill_attention
         self.kv, self.rms, self.rot, self.silu = store_kv, rms_norm, rotary, silu_mul
+        self.rkv = rotary_store_kv
         self.fp8 = fp8_quant
         self.smoke = smoke
         self.cuda = torch.cuda.is_available()
@@ -665,6 +667,41 @@ class Bench:
                 )
 
             self.run_case(case, body_rot)
+
+            # rotary + the cache write in one pass (what attention runs first every layer)
+            case = Case(
+                "rotary_store_kv", {"T": T, "H": H, "Hkv": Hkv, "D": D, "dtype": str(self.dtype)}
+            )
+
+            def body_rot_kv(case: Case, T=T) -> None:
+                max_pos = 8192
+                inv = 1.0 / 10000 ** (torch.arange(0, D, 2, device=self.device).float() / D)
+                f = torch.arange(max_pos, device=self.device).float()[:, None] * inv[None, :]
+                cos_sin = torch.cat((f.cos(), f.sin()), dim=-1).contiguous()
+                pos = torch.randint(0, max_pos, (T,), device=self.device, generator=self.gen)
+                q, k, v = self.randn(T, H, D), self.randn(T, Hkv, D), self.randn(T, Hkv, D)
+                num_blocks = triton_cdiv(T, bs) * 2
+                caches = [self.randn(num_blocks, bs, Hkv, D) for _ in range(2)]
+                slots = torch.randperm(num_blocks * bs, device=self.device, generator=self.gen)
+                slots = slots[:T].contiguous()
+                refs = [q.clone(), k.clone(), v.clone(), *(c.clone() for c in caches)]
+                self.rkv.rotary_store_kv_ref(*refs[:3], pos, cos_sin, *refs[3:], slots)
+                self.rkv.rotary_store_kv(q, k, v, pos, cos_sin, *caches, slots)
+                got = torch.cat([t.flatten() for t in (q, k, *caches)])
+                want = torch.cat([t.flatten() for t in (refs[0], refs[1], *refs[3:])])
+                case.check = rel_error(got, want, self.dtype)
+                # q and k read and written, v read, k and v written into the cache
+                case.work = (2 * q.numel() + 5 * k.numel()) * elt + T * (D * 4 + 16)
+                case.peak = self.copy_gbps
+                case.triton_ms = self.time_ms(
+                    lambda: self.rkv.rotary_store_kv(q, k, v, pos, cos_sin, *caches, slots)
+                )
+                case.torch_impl = "rotary_store_kv_ref"
+                case.torch_ms = self.time_ms(
+                    lambda: self.rkv.rotary_store_kv_ref(*refs[:3], pos, cos_sin, *refs[3:], slots)
+                )
+
+            self.run_case(case, body_rot_kv)
 
             # silu_and_mul
             case = Case("silu_and_mul", {"T": T, "inter": inter, "dtype": str(self.dtype)})

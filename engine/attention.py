@@ -1,9 +1,10 @@
-# Paged attention for one step's packed batch. The scheduler puts decodes (one query token)
-# first; on CUDA they go to the split-KV decode kernel and the rest to a prefill kernel, on the
-# CPU everything goes through the torch reference. Prefill rows take the dense kernel, which
-# reads each chunk's own keys from this step's k/v (a whole new prompt never touches the cache;
-# a cached prefix, after a prefix hit or in a later chunk, is read through the block table); an
-# FP8 cache keeps the paged extend kernel (the dense k/v are not the cache's rounded values).
+# Paged attention for one step's packed batch: rotary (when asked) and the cache write in one
+# pass, then attention. The scheduler puts decodes (one query token) first; on CUDA they go to
+# the split-KV decode kernel and the rest to a prefill kernel, on the CPU everything goes
+# through the torch references. Prefill rows take the dense kernel, which reads each chunk's
+# own keys from this step's k/v (a whole new prompt never touches the cache; a cached prefix,
+# after a prefix hit or in a later chunk, is read through the block table); an FP8 cache keeps
+# the paged extend kernel (the dense k/v are not the cache's rounded values).
 # The metadata is all a backend needs, so kernels slot in here without the scheduler knowing.
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.paged_prefill_attention import paged_prefill_attention_ref
+from kernels.rotary import apply_rotary_ref
 from kernels.store_kv import store_kv_ref
 
 
@@ -57,8 +59,14 @@ def paged_attention(
     k_scale: float = 1.0,  # an FP8 cache holds K / k_scale and V / v_scale
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; default: a new one
+    # (positions [num_tokens], cos_sin [max_position, head_dim]): q and k are rotated here, in
+    # place, by the kernel that writes the cache (one launch instead of two); None: they come
+    # rotated.
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     if not q.is_cuda:
+        if rotary is not None:
+            apply_rotary_ref(q, k, *rotary)
         store_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         return paged_prefill_attention_ref(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
@@ -68,9 +76,16 @@ def paged_attention(
     from kernels.dense_prefill_attention import dense_prefill_attention
     from kernels.paged_decode_attention import paged_decode_attention
     from kernels.paged_prefill_attention import paged_prefill_attention
+    from kernels.rotary_store_kv import rotary_store_kv
     from kernels.store_kv import store_kv
 
-    store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+    if rotary is not None:
+        positions, cos_sin = rotary
+        rotary_store_kv(
+            q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale
+        )
+    else:
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
     if out is None:
         out = torch.empty_like(q)
     nd = meta.num_decodes

@@ -1,11 +1,10 @@
 # Elementwise ops with two paths: the Triton kernel on CUDA tensors, the torch reference twin
-# elsewhere. A test proves the two agree (tests/engine/test_ops_paths.py).
+# elsewhere. A test proves the two agree (tests/engine/test_gpu_paths.py).
 from __future__ import annotations
 
 import torch
 
 from kernels.rms_norm import rms_norm_ref
-from kernels.rotary import apply_rotary_ref
 from kernels.silu_mul import silu_and_mul_ref
 
 
@@ -17,17 +16,6 @@ def rms_norm(
 
         return triton_rms_norm(x, weight, eps, residual)
     return rms_norm_ref(x, weight, eps, residual)
-
-
-def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if q.is_cuda:
-        from kernels.rotary import apply_rotary as triton_apply_rotary
-
-        # q and k may be strided views of the fused qkv output; the kernel takes the strides.
-        return triton_apply_rotary(q, k, positions, cos_sin)
-    return apply_rotary_ref(q, k, positions, cos_sin)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

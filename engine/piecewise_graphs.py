@@ -6,7 +6,8 @@
 #   piece i      layer i-1 after attention + layer i up to attention      (1 <= i < L)
 #   piece L      layer L-1 after attention + the final norm
 # A step pads its tokens up to a bucket, replays piece 0, then per layer launches attention on
-# the real tokens (a few kernels) and replays the next piece: L + 1 replays and L attention
+# the real tokens (rotary + the cache write in one kernel, then attention's few) and replays the
+# next piece: L + 1 replays and L attention
 # launches instead of every layer's ~15 kernels launched from Python (~25 ms for the 8B on the
 # H200's host, the GPU idle meanwhile).
 #
@@ -81,7 +82,6 @@ class PiecewiseGraphs:
     def _piece(self, i: int, t: int) -> None:
         """Piece i at bucket size t, reading and writing the static buffers."""
         layers = self.layers
-        positions = self.positions[:t]
         if i == 0:
             hidden, residual = self.model.model.embed_tokens(self.input_ids[:t]), None
         else:
@@ -90,7 +90,7 @@ class PiecewiseGraphs:
             hidden, _ = self.model.model.norm(hidden, residual)
             self.hidden[:t].copy_(hidden)
             return
-        q, k, v, residual = layers[i].before_attention(positions, hidden, residual, self.cos_sin)
+        q, k, v, residual = layers[i].before_attention(hidden, residual)
         self.q[:t].copy_(q)
         self.k[:t].copy_(k)
         self.v[:t].copy_(v)
@@ -126,8 +126,9 @@ class PiecewiseGraphs:
             self._run_piece(i, t)
             # Straight into the buffer the next piece reads: no allocation, no copy.
             layer.self_attn.attend(
-                self.q[:n], self.k[:n], self.v[:n], batch.meta, self.kv_caches[i], self.attn[:n]
-            )
+                self.q[:n], self.k[:n], self.v[:n], batch.meta, self.kv_caches[i],
+                self.positions[:n], self.cos_sin, self.attn[:n],
+            )  # fmt: skip
         self._run_piece(len(self.layers), t)
         return self.hidden[:n]
 

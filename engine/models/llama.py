@@ -65,11 +65,10 @@ class LlamaAttention(nn.Module):
 
     def project(
         self,
-        positions: torch.Tensor,  # [num_tokens]
         hidden: torch.Tensor,  # [num_tokens, hidden]
-        cos_sin: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]"""
+        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
+        (q and k before rotary: attend() rotates them as it writes the cache)"""
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
@@ -78,24 +77,26 @@ class LlamaAttention(nn.Module):
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = ops.apply_rotary(q, k, positions, cos_sin)
         return q, k, v
 
     def attend(
-        self, q, k, v, meta: AttentionMetadata, kv_cache: torch.Tensor, out=None
-    ) -> torch.Tensor:
-        """kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim] → [T, heads, dim]
-        (into `out` when given)"""
+        self, q, k, v, meta: AttentionMetadata, kv_cache: torch.Tensor, positions, cos_sin,
+        out=None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Rotary on q and k (in place), their K/V into the cache, attention.
+        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim] → [T, heads, dim] (into
+        `out` when given)"""
         return paged_attention(
-            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale, out
-        )
+            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale, out,
+            rotary=(positions, cos_sin),
+        )  # fmt: skip
 
     def output(self, attn: torch.Tensor) -> torch.Tensor:
         return self.o_proj(attn.reshape(-1, self.q_size))
 
     def forward(self, positions, hidden, meta, kv_cache, cos_sin) -> torch.Tensor:
-        q, k, v = self.project(positions, hidden, cos_sin)
-        return self.output(self.attend(q, k, v, meta, kv_cache))
+        q, k, v = self.project(hidden)
+        return self.output(self.attend(q, k, v, meta, kv_cache, positions, cos_sin))
 
 
 class LlamaMLP(nn.Module):
@@ -128,14 +129,15 @@ class LlamaDecoderLayer(nn.Module):
 
     # A layer in two halves around attention, so a step's non-attention work can be captured
     # in CUDA graphs per token count while attention runs between them (piecewise_graphs.py).
-    def before_attention(self, positions, hidden, residual, cos_sin):
-        """→ q, k, v and the residual stream (hidden, residual: [num_tokens, hidden])"""
+    def before_attention(self, hidden, residual):
+        """→ q, k, v (before rotary) and the residual stream (hidden, residual:
+        [num_tokens, hidden])"""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        q, k, v = self.self_attn.project(positions, hidden, cos_sin)
+        q, k, v = self.self_attn.project(hidden)
         return q, k, v, residual
 
     def after_attention(self, attn, residual):
@@ -144,8 +146,9 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
     def forward(self, positions, hidden, residual, meta, kv_cache, cos_sin):
-        q, k, v, residual = self.before_attention(positions, hidden, residual, cos_sin)
-        return self.after_attention(self.self_attn.attend(q, k, v, meta, kv_cache), residual)
+        q, k, v, residual = self.before_attention(hidden, residual)
+        attn = self.self_attn.attend(q, k, v, meta, kv_cache, positions, cos_sin)
+        return self.after_attention(attn, residual)
 
 
 class LlamaModel(nn.Module):

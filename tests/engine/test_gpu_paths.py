@@ -6,7 +6,6 @@ import torch
 
 from engine import LLM, SamplingParams
 from kernels.rms_norm import rms_norm_ref
-from kernels.rotary import apply_rotary_ref
 from kernels.silu_mul import silu_and_mul_ref
 from tests.hf_models import build_hf_model
 
@@ -32,16 +31,6 @@ def test_ops_fast_path_matches_reference(dtype, tol):
     assert _rel(y, y_ref) < tol and _rel(s, s_ref) < tol
     gate_up = torch.randn(37, 512, device="cuda", dtype=dtype)
     assert _rel(ops.silu_and_mul(gate_up), silu_and_mul_ref(gate_up)) < tol
-    q = torch.randn(37, 8, 64, device="cuda", dtype=dtype)
-    k = torch.randn(37, 2, 64, device="cuda", dtype=dtype)
-    pos = torch.randint(0, 1000, (37,), device="cuda")
-    freqs = torch.arange(1000, device="cuda")[:, None] * (
-        1e-4 ** (torch.arange(32, device="cuda") / 32)
-    )
-    cos_sin = torch.cat((freqs.cos(), freqs.sin()), -1).float()
-    q1, k1 = ops.apply_rotary(q.clone(), k.clone(), pos, cos_sin)
-    q2, k2 = apply_rotary_ref(q.clone(), k.clone(), pos, cos_sin)
-    assert _rel(q1, q2) < tol and _rel(k1, k2) < tol
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +123,12 @@ def test_kv_pool_is_sized_from_free_memory():
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_paged_attention_prefill_paths_match_reference(cache_dtype):
+@pytest.mark.parametrize("rotary", [False, True], ids=["rotated", "rotary-fused"])
+def test_paged_attention_prefill_paths_match_reference(cache_dtype, rotary):
     # One step: two decodes, a whole new prompt (dense kernel, cache unread), a prefix-cache hit
     # and a later chunk (dense over the chunk, paged over the prefix); an FP8 cache keeps the
-    # paged extend kernel. Against the CPU path (torch references), bf16 tolerance.
+    # paged extend kernel; q and k rotated beforehand or by the kernel that writes the cache.
+    # Against the CPU path (torch references), bf16 tolerance.
     from engine.attention import AttentionMetadata, paged_attention
 
     g = torch.Generator().manual_seed(11)
@@ -176,7 +167,15 @@ def test_paged_attention_prefill_paths_match_reference(cache_dtype):
         )
         c = cache.clone().to(device)
         args = (q.to(device), k.to(device), v.to(device), c[0], c[1], meta, D**-0.5)
-        return paged_attention(*args, k_scale=0.5, v_scale=0.5).float().cpu()
+        positions = torch.tensor(
+            [p for c, n in zip(ctx_lens, q_lens) for p in range(c, c + n)], device=device
+        )
+        freqs = torch.arange(2048, device=device)[:, None] * 1e-4 ** (
+            torch.arange(D // 2, device=device) / (D // 2)
+        )
+        cos_sin = torch.cat((freqs.cos(), freqs.sin()), -1).float()
+        rot = (positions, cos_sin) if rotary else None
+        return paged_attention(*args, k_scale=0.5, v_scale=0.5, rotary=rot).float().cpu()
 
     got, want = run("cuda"), run("cpu")
     assert _rel(got, want) < 1e-2

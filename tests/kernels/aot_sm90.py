@@ -23,7 +23,7 @@ from triton.compiler import ASTSource
 
 from kernels import dense_prefill_attention as dense
 from kernels import dense_prefill_ws as dense_ws
-from kernels import fp8_quant, rms_norm, rotary, silu_mul, store_kv
+from kernels import fp8_quant, rms_norm, rotary, rotary_store_kv, silu_mul, store_kv
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
 from tests.kernels.ttgir_rows import rows_problem, tma_box_mismatches
@@ -125,6 +125,17 @@ def variants(dt: str = "bf16"):
         {"q_ptr": dt, "k_ptr": dt, "positions_ptr": "i64", "cos_sin_ptr": "fp32"},
         (), {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_H": 32}, 4, 1,
     )  # fmt: skip
+    for quantize in (False, True):
+        cache = fp8 if quantize else dt
+        yield (
+            rotary_store_kv._rotary_store_kv_kernel,
+            {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "positions_ptr": "i64", "cos_sin_ptr": "fp32",
+             "k_cache_ptr": cache, "v_cache_ptr": cache, "slot_mapping_ptr": "i64"},
+            ("k_scale", "v_scale"),
+            {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_H": 32, "BLOCK_SIZE": 16, "QUANTIZE": quantize,
+             "ROUND_IN_FP32": False},
+            4, 1,
+        )  # fmt: skip
     yield silu_mul._silu_and_mul_kernel, {"x_ptr": dt, "out_ptr": dt}, (), {"BLOCK": 1024}, 4, 1
     for (group, head_dim), kv_fp8 in (((4, 128), False), ((8, 64), False), ((1, 128), False),
                                       ((8, 128), True)):  # fmt: skip
