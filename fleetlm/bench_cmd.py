@@ -41,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="overlapped scheduling (docs/serving.md); auto: the engine's default, as served "
         "(on for one GPU without speculation); both: off then on, compared",
     )  # fmt: skip
+    e.add_argument(
+        "--repeats", type=int, default=1,
+        help="nano: timed runs on the one engine (run-to-run spread; the median is reported)",
+    )  # fmt: skip
     e.add_argument("--json", default=None, help="write the results here")
     e.set_defaults(func=run)
 
@@ -86,10 +90,12 @@ def _bench(args: argparse.Namespace, engine) -> int:
         for overlap in modes:
             if overlap is not None:
                 engine.set_overlap_scheduling(overlap)
-            engine.block_manager.reset_prefix_cache()
-            name = "all_at_once" + ("+overlap" if overlap and len(modes) > 1 else "")
-            runs[name] = run_workload(engine, reqs, detokenize=args.detokenize)
-            runs[name]["workload"] = describe(reqs)
+            for i in range(max(1, args.repeats)):
+                engine.block_manager.reset_prefix_cache()
+                name = "all_at_once" + ("+overlap" if overlap and len(modes) > 1 else "")
+                name += f"#{i + 1}" if i else ""
+                runs[name] = run_workload(engine, reqs, detokenize=args.detokenize)
+                runs[name]["workload"] = describe(reqs)
     else:
         n = args.num_requests or 160
         rates = [float(r) for r in args.rates.split(",") if r] or [None]
@@ -120,6 +126,7 @@ def _bench(args: argparse.Namespace, engine) -> int:
             f"longest step {r['step_ms']['max']:.0f} ms, "
             f"prefix hits {r['prefix_hit_rate']:.2f}, preemptions {r['preemptions']}"
         )
+    roofline = _nano_roofline(args, engine, reqs, runs) if args.workload == "nano" else None
     for name, r in runs.items():
         plain = runs.get(name.removesuffix("+overlap"))
         if name.endswith("+overlap") and plain is not None:
@@ -137,12 +144,47 @@ def _bench(args: argparse.Namespace, engine) -> int:
                                                      "tensor_parallel_size", "overlap",
                                                      "detokenize")}  # fmt: skip
             json.dump({"model": args.model, "workload": args.workload, "engine": config,
-                       "runs": runs}, f, indent=2)  # fmt: skip
+                       "runs": runs, "roofline": roofline}, f, indent=2)  # fmt: skip
     bad = [n for r in runs.values() for n in r["unexpected_finishes"]]
     if bad:
         print(f"fleetlm bench: {len(bad)} requests ended unexpectedly: {bad[:5]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _nano_roofline(args: argparse.Namespace, engine, reqs, runs: dict) -> dict | None:
+    """On a GPU: the workload's roofline (engine_bench.workload_floor_s) with the copy and bf16
+    matmul ceilings measured now, on this GPU, and each run's output tok/s as a fraction."""
+    import statistics
+
+    import torch
+
+    from fleetlm.bench.engine_bench import workload_floor_s
+    from fleetlm.bench.roofline_check import measure_ceilings
+    from fleetlm.capacity.deployment import Deployment
+    from fleetlm.capacity.gpus import gpu_for_device
+
+    # The bf16 engine on one GPU (the measured matmul ceiling is bf16's).
+    plain = args.quantization is None and args.kv_cache_dtype == "auto"
+    if engine.device.type != "cuda" or args.tensor_parallel_size != 1 or not plain:
+        return None
+    ceilings = measure_ceilings(engine.device)
+    gpu = gpu_for_device(torch.cuda.get_device_name(engine.device)) or "H100"  # ceilings: ours
+    dep = Deployment.create(
+        args.model, f"1x{gpu}", bandwidth_bytes_s=ceilings["copy_bytes_s"],
+        flops=ceilings["bf16_matmul_flops"],
+    )  # fmt: skip
+    floor = workload_floor_s(dep, reqs, max_batch=args.max_num_seqs)
+    bound = floor["roofline_output_tok_s"]
+    fractions = {name: r["output_tok_s"] / bound for name, r in runs.items()}
+    median = statistics.median(fractions.values())
+    print(
+        f"roofline {bound:.0f} output tok/s (copy {ceilings['copy_bytes_s'] / 1e12:.2f} TB/s, "
+        f"bf16 matmul {ceilings['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s, measured now): "
+        + ", ".join(f"{name} {100 * x:.1f} %" for name, x in fractions.items())
+        + (f"; median {100 * median:.1f} %" if len(fractions) > 1 else "")
+    )
+    return {"ceilings": ceilings, **floor, "fraction": fractions, "median_fraction": median}
 
 
 def _fit(reqs, max_model_len: int) -> None:
