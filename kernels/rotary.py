@@ -103,6 +103,38 @@ def _rotary_kernel(
                   HALF, BLOCK_HALF, BLOCK_H)  # fmt: skip
 
 
+def check_rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
+    """The rotary launchers' argument checks (this one and rotary_store_kv's)."""
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    device = q.device
+    check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES, device=device)
+    check_tensor("positions", positions, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES, device=device)
+    num_tokens, _, head_dim = q.shape
+    check_shape("k", k, (num_tokens, k.shape[1], head_dim))
+    check_shape("positions", positions, (num_tokens,))
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for rotary, got {head_dim}")
+    if cos_sin_cache.shape[1] != head_dim:
+        raise ValueError(
+            f"cos_sin_cache must be [max_position, head_dim={head_dim}] (full rotary), "
+            f"got {tuple(cos_sin_cache.shape)}"
+        )
+    for name, t in (("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache)):
+        check_last_dim_contiguous(name, t)
+    check_contiguous("positions", positions)
+
+
+def rotary_tiles(head_dim: int, num_heads: int, num_kv_heads: int) -> tuple[int, int, int]:
+    """(HALF, BLOCK_HALF, BLOCK_H): a program's tiles are [BLOCK_H heads, BLOCK_HALF pairs]."""
+    half = head_dim // 2
+    block_half = next_power_of_2(half)
+    return half, block_half, min(next_power_of_2(max(num_heads, num_kv_heads)),
+                                 max(1, 2048 // block_half))  # fmt: skip
+
+
 def apply_rotary(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -114,32 +146,13 @@ def apply_rotary(
     q and k may be strided views (e.g. of a fused QKV output) as long as the last dim is
     contiguous, so callers need not copy. Positions are not range-checked (no host sync).
     """
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    device = q.device
-    check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES, device=device)
-    check_tensor("positions", positions, ndim=1, dtypes=INDEX_DTYPES, device=device)
-    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES, device=device)
+    check_rotary(q, k, positions, cos_sin_cache)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    check_shape("k", k, (num_tokens, num_kv_heads, head_dim))
-    check_shape("positions", positions, (num_tokens,))
-    if head_dim % 2:
-        raise ValueError(f"head_dim must be even for rotary, got {head_dim}")
-    if cos_sin_cache.shape[1] != head_dim:
-        raise ValueError(
-            f"cos_sin_cache must be [max_position, head_dim={head_dim}] (full rotary), "
-            f"got {tuple(cos_sin_cache.shape)}"
-        )
-    check_last_dim_contiguous("q", q)
-    check_last_dim_contiguous("k", k)
-    check_last_dim_contiguous("cos_sin_cache", cos_sin_cache)
-    check_contiguous("positions", positions)
     if num_tokens == 0:
         return q, k
     check_launchable(q)
-    half = head_dim // 2
-    BLOCK_HALF = next_power_of_2(half)
-    BLOCK_H = min(next_power_of_2(max(num_heads, num_kv_heads)), max(1, 2048 // BLOCK_HALF))
+    half, BLOCK_HALF, BLOCK_H = rotary_tiles(head_dim, num_heads, num_kv_heads)
     _rotary_kernel[(num_tokens,)](
         q,
         k,

@@ -25,10 +25,9 @@ from kernels._launch import (
     check_shape,
     check_tensor,
     interpreting,
-    next_power_of_2,
 )
 from kernels.fp8_quant import FP8_DTYPE, round_to_e4m3
-from kernels.rotary import _rotate_heads, apply_rotary_ref
+from kernels.rotary import _rotate_heads, apply_rotary_ref, check_rotary, rotary_tiles
 from kernels.store_kv import store_kv_ref
 
 
@@ -170,12 +169,9 @@ def rotary_store_kv(
     """Triton twin of `rotary_store_kv_ref`: rotates q and k in place, writes k and v into the
     paged cache, returns (q, k). q, k and v may be strided views of a fused qkv output (last dim
     contiguous). Neither positions nor slots are range-checked (no host sync)."""
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    check_rotary(q, k, positions, cos_sin_cache)
     device = q.device
-    check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES, device=device)
     check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES, device=device)
-    check_tensor("positions", positions, ndim=1, dtypes=INDEX_DTYPES, device=device)
-    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES, device=device)
     check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=device)
     check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=device)
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=INDEX_DTYPES, device=device)
@@ -183,31 +179,18 @@ def rotary_store_kv(
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_shape("k", k, (num_tokens, num_kv_heads, head_dim))
     check_shape("v", v, (num_tokens, num_kv_heads, head_dim))
-    check_shape("positions", positions, (num_tokens,))
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
+    check_shape("k_cache", k_cache, (k_cache.shape[0], block_size, num_kv_heads, head_dim))
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    if k_cache.shape[3] != head_dim:
-        raise ValueError(f"k_cache head_dim {k_cache.shape[3]} != q's {head_dim}")
     if v_cache.dtype != k_cache.dtype:
         raise ValueError(f"k_cache and v_cache dtypes differ: {k_cache.dtype} vs {v_cache.dtype}")
-    if head_dim % 2:
-        raise ValueError(f"head_dim must be even for rotary, got {head_dim}")
-    if cos_sin_cache.shape[1] != head_dim:
-        raise ValueError(
-            f"cos_sin_cache must be [max_position, head_dim={head_dim}] (full rotary), "
-            f"got {tuple(cos_sin_cache.shape)}"
-        )
-    for name, t in (("q", q), ("k", k), ("v", v), ("cos_sin_cache", cos_sin_cache),
-                    ("k_cache", k_cache), ("v_cache", v_cache)):  # fmt: skip
+    for name, t in (("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
-    check_contiguous("positions", positions)
     check_contiguous("slot_mapping", slot_mapping)
     if num_tokens == 0:
         return q, k
     check_launchable(q)
-    half = head_dim // 2
-    BLOCK_HALF = next_power_of_2(half)
-    BLOCK_H = min(next_power_of_2(max(num_heads, num_kv_heads)), max(1, 2048 // BLOCK_HALF))
+    half, BLOCK_HALF, BLOCK_H = rotary_tiles(head_dim, num_heads, num_kv_heads)
     _rotary_store_kv_kernel[(num_tokens,)](
         q,
         k,
