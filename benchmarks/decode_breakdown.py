@@ -206,13 +206,10 @@ def part_decode(engine, batches: list[int], context: int, steps: int, ceilings: 
 def part_prefill(engine, token_counts: list[int], prompt_len: int, ceilings: dict) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from fleetlm.capacity.deployment import Deployment
+    from fleetlm.bench.roofline_check import measured_deployment
     from fleetlm.capacity.roofline import attention_flops_per_pair, causal_pairs
 
-    dep = Deployment.create(
-        engine.config.model, "1xH200", bandwidth_bytes_s=ceilings["copy_bytes_s"],
-        flops=ceilings["bf16_matmul_flops"],
-    )  # fmt: skip
+    dep = measured_deployment(engine.config.model, "H200", ceilings)
     rng = random.Random(1)
     vocab = engine.model_config.vocab_size
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)

@@ -52,14 +52,9 @@ def warm_up(engine) -> None:
 
 
 def deployment(ceilings: dict):
-    from fleetlm.capacity.deployment import Deployment
+    from fleetlm.bench.roofline_check import measured_deployment
 
-    return Deployment.create(
-        MODEL,
-        "1xH200",
-        bandwidth_bytes_s=ceilings["copy_bytes_s"],
-        flops=ceilings["bf16_matmul_flops"],
-    )
+    return measured_deployment(MODEL, "H200", ceilings)
 
 
 def part_nano(results: dict, quick: bool) -> None:

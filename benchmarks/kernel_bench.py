@@ -131,6 +131,12 @@ class Bench:
         self.gen.manual_seed(0)
 
     # -- helpers ------------------------------------------------------------------------------
+    def cos_sin(self, max_pos: int, head_dim: int) -> torch.Tensor:
+        """The rotary table [max_pos, head_dim] float32: cos in the first half, sin after."""
+        inv = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, device=self.device).float() / head_dim)
+        f = torch.arange(max_pos, device=self.device).float()[:, None] * inv[None, :]
+        return torch.cat((f.cos(), f.sin()), dim=-1).contiguous()
+
     def time_ms(self, fn) -> float:
         if self.cuda:
             return float(
@@ -648,9 +654,7 @@ class Bench:
 
             def body_rot(case: Case, T=T) -> None:
                 max_pos = 8192
-                inv = 1.0 / 10000 ** (torch.arange(0, D, 2, device=self.device).float() / D)
-                f = torch.arange(max_pos, device=self.device).float()[:, None] * inv[None, :]
-                cos_sin = torch.cat((f.cos(), f.sin()), dim=-1).contiguous()
+                cos_sin = self.cos_sin(max_pos, D)
                 pos = torch.randint(0, max_pos, (T,), device=self.device, generator=self.gen)
                 q, k = self.randn(T, H, D), self.randn(T, Hkv, D)
                 q_ref, k_ref = self.rot.apply_rotary_ref(q.clone(), k.clone(), pos, cos_sin)
@@ -675,9 +679,7 @@ class Bench:
 
             def body_rot_kv(case: Case, T=T) -> None:
                 max_pos = 8192
-                inv = 1.0 / 10000 ** (torch.arange(0, D, 2, device=self.device).float() / D)
-                f = torch.arange(max_pos, device=self.device).float()[:, None] * inv[None, :]
-                cos_sin = torch.cat((f.cos(), f.sin()), dim=-1).contiguous()
+                cos_sin = self.cos_sin(max_pos, D)
                 pos = torch.randint(0, max_pos, (T,), device=self.device, generator=self.gen)
                 q, k, v = self.randn(T, H, D), self.randn(T, Hkv, D), self.randn(T, Hkv, D)
                 num_blocks = triton_cdiv(T, bs) * 2

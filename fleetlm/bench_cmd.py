@@ -160,8 +160,7 @@ def _nano_roofline(args: argparse.Namespace, engine, reqs, runs: dict) -> dict |
     import torch
 
     from fleetlm.bench.engine_bench import workload_floor_s
-    from fleetlm.bench.roofline_check import measure_ceilings
-    from fleetlm.capacity.deployment import Deployment
+    from fleetlm.bench.roofline_check import measure_ceilings, measured_deployment
     from fleetlm.capacity.gpus import gpu_for_device
 
     # The bf16 engine on one GPU (the measured matmul ceiling is bf16's).
@@ -170,10 +169,7 @@ def _nano_roofline(args: argparse.Namespace, engine, reqs, runs: dict) -> dict |
         return None
     ceilings = measure_ceilings(engine.device)
     gpu = gpu_for_device(torch.cuda.get_device_name(engine.device)) or "H100"  # ceilings: ours
-    dep = Deployment.create(
-        args.model, f"1x{gpu}", bandwidth_bytes_s=ceilings["copy_bytes_s"],
-        flops=ceilings["bf16_matmul_flops"],
-    )  # fmt: skip
+    dep = measured_deployment(args.model, gpu, ceilings)
     floor = workload_floor_s(dep, reqs, max_batch=args.max_num_seqs)
     bound = floor["roofline_output_tok_s"]
     fractions = {name: r["output_tok_s"] / bound for name, r in runs.items()}

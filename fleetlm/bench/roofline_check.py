@@ -37,6 +37,15 @@ def _matmul_flops(device) -> float:
     return 2 * 8192**3 / (ms * 1e-3)
 
 
+def measured_deployment(model, gpu: str, ceilings: dict, **dtypes) -> Deployment:
+    """One `gpu` (a fleetlm.capacity GPU name) with measure_ceilings' copy and matmul rates in
+    place of the datasheet's."""
+    return Deployment.create(
+        model, f"1x{gpu}", bandwidth_bytes_s=ceilings["copy_bytes_s"],
+        flops=ceilings["bf16_matmul_flops"], **dtypes,
+    )  # fmt: skip
+
+
 def roofline_report(
     model: str,
     gpu: str,
@@ -51,10 +60,7 @@ def roofline_report(
     computed with the measured ceilings and with the datasheet's."""
     wl = get_workload(workload)
     dtypes = {"weights_dtype": weights_dtype, "kv_dtype": kv_dtype}
-    measured = Deployment.create(
-        model, f"1x{gpu}", bandwidth_bytes_s=ceilings["copy_bytes_s"],
-        flops=ceilings["bf16_matmul_flops"], **dtypes,
-    )  # fmt: skip
+    measured = measured_deployment(model, gpu, ceilings, **dtypes)
     roof = make_plan(measured, wl).serving.output_tok_s
     sheet = make_plan(Deployment.create(model, f"1x{gpu}", **dtypes), wl).serving.output_tok_s
     return {
