@@ -108,6 +108,7 @@ class Bench:
             rotary,
             rotary_store_kv,
             silu_mul,
+            skinny_gemm,
             store_kv,
         )
 
@@ -117,6 +118,7 @@ class Bench:
         self.kv, self.rms, self.rot, self.silu = store_kv, rms_norm, rotary, silu_mul
         self.rkv = rotary_store_kv
         self.fp8 = fp8_quant
+        self.skinny = skinny_gemm
         self.smoke = smoke
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda" if self.cuda else "cpu")
@@ -721,6 +723,35 @@ class Bench:
 
             self.run_case(case, body_silu)
 
+    # -- the decode step's projections at few rows -------------------------------------------
+    def bench_skinny_gemm(self) -> None:
+        """kernels/skinny_gemm.py (its default config) against F.linear (cuBLAS) at llama-3.1-8b's
+        projections; rate: the weight streamed per call against the copy ceiling. One weight,
+        so part of it may sit in L2 between calls: benchmarks/skinny_gemm_sweep.py times the
+        layer sequence cold, this is the quick check."""
+        shapes = [("o", 4096, 4096), ("down", 4096, 14336), ("gate_up", 28672, 4096)]
+        if self.smoke:
+            shapes = [("tiny", 64, 256)]
+        for name, n, k in shapes:
+            for m in (1, 32) if self.smoke else (1, 16, 32, 64):
+                case = Case("skinny_gemm", {"proj": name, "M": m, "N": n, "K": k})
+
+                def body(case: Case, m=m, n=n, k=k) -> None:
+                    x, w = self.randn(m, k), self.randn(n, k) / k**0.5
+                    cfg = self.skinny.default_config(m, n, k)
+                    out = self.skinny.skinny_gemm(x, w, config=cfg)
+                    case.check = rel_error(out, self.skinny.skinny_gemm_ref(x, w), self.dtype)
+                    case.work = n * k * x.element_size()
+                    case.peak = self.copy_gbps
+                    case.note = f"split_k={cfg.split_k} stages={cfg.num_stages}"
+                    case.triton_ms = self.time_ms(
+                        lambda: self.skinny.skinny_gemm(x, w, out=out, config=cfg)
+                    )
+                    case.torch_impl = "F.linear"
+                    case.torch_ms = self.time_ms(lambda: torch.nn.functional.linear(x, w))
+
+                self.run_case(case, body)
+
     # -- FP8: activation quantization, the e4m3 KV cache, the FP8 linear ----------------------
     def bench_fp8(self) -> None:
         """Per-token e4m3 quantization (every FP8 linear's input), decode attention over an e4m3
@@ -832,6 +863,7 @@ class Bench:
             "prefill": self.bench_prefill,
             "prefill_8k": self.bench_prefill_8k,
             "elementwise": self.bench_elementwise,
+            "skinny_gemm": self.bench_skinny_gemm,
             "fp8": self.bench_fp8,
             "prefill_sweep": self.bench_prefill_sweep,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels.rms_norm import rms_norm_ref
 from kernels.silu_mul import silu_and_mul_ref
@@ -24,3 +25,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
         return triton_silu_and_mul(x)
     return silu_and_mul_ref(x)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias). A decode step's few rows on a Hopper GPU take the split-K Triton
+    GEMM (kernels/skinny_gemm.py, faster than cuBLAS there); everything else takes F.linear."""
+    if x.is_cuda and bias is None:
+        from kernels.skinny_gemm import skinny_config, skinny_gemm
+
+        config = skinny_config(x, weight)
+        if config is not None:
+            return skinny_gemm(x, weight, config=config)
+    return F.linear(x, weight, bias)

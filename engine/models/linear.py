@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine import ops
 from engine.models.fp8 import fp8_linear, quantize_weight
 from engine.models.quant_config import Fp8Scheme
 from engine.tensor_parallel import SINGLE, TensorParallel
@@ -67,7 +67,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8 is None:
-            return F.linear(x, self.weight, self.bias)
+            return ops.linear(x, self.weight, self.bias)
         return fp8_linear(
             x, self.weight, self.weight_scale, self.input_scale,
             self.fp8.activation_scale_ub, self.bias,

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import ops
 from engine.models.linear import Source
 from engine.tensor_parallel import SINGLE, TensorParallel
 
@@ -38,7 +39,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [num_rows, hidden] → logits [num_rows, vocab] in the model dtype."""
-        local = F.linear(hidden, self.weight)  # [num_rows, rows_per_rank]
+        local = ops.linear(hidden, self.weight)  # [num_rows, rows_per_rank]
         if self.tp.size == 1:
             return local
         return self.tp.gather_last_dim(local)[:, : self.vocab_size]

@@ -23,13 +23,14 @@ from triton.compiler import ASTSource
 
 from kernels import dense_prefill_attention as dense
 from kernels import dense_prefill_ws as dense_ws
-from kernels import fp8_quant, rms_norm, rotary, rotary_store_kv, silu_mul, store_kv
+from kernels import fp8_quant, rms_norm, rotary, rotary_store_kv, silu_mul, skinny_gemm, store_kv
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
 from tests.kernels.ttgir_rows import rows_problem, tma_box_mismatches
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # max shared memory per block on sm_90
+DIVISIBLE_INTS = {"k_per_split"}  # skinny_gemm: whole BLOCK_K tiles
 
 
 def ptxas_notes(ptx: str, maxnreg: int | None) -> list[str]:
@@ -57,11 +58,13 @@ def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages, m
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
-    # what a JIT launch specialises on real tensors: 16-byte aligned pointers, strides % 16 == 0
+    # what a JIT launch specialises on real tensors: 16-byte aligned pointers, strides % 16 == 0,
+    # and the ints the launchers keep at multiples of 16 (without that Triton cannot prove the
+    # loads aligned and does not pipeline them through cp.async)
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, name in enumerate(fn.arg_names)
-        if signature[name].startswith("*") or name.startswith("stride_")
+        if signature[name].startswith("*") or name.startswith("stride_") or name in DIVISIBLE_INTS
     }
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
@@ -137,6 +140,18 @@ def variants(dt: str = "bf16"):
             4, 1,
         )  # fmt: skip
     yield silu_mul._silu_and_mul_kernel, {"x_ptr": dt, "out_ptr": dt}, (), {"BLOCK": 1024}, 4, 1
+    for m, n, k in ((1, 6144, 4096), (32, 4096, 4096), (64, 4096, 14336), (64, 28672, 4096)):
+        cfg = skinny_gemm.default_config(m, n, k)
+        yield (
+            skinny_gemm._skinny_gemm_kernel,
+            {"x_ptr": dt, "w_ptr": dt, "out_ptr": dt, "partial_ptr": "fp32",
+             "counter_ptr": "i32"},
+            (),
+            {"BLOCK_M": skinny_gemm.block_m_for(m), "BLOCK_N": cfg.block_n,
+             "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "EVEN_N": True, "UPCAST": False,
+             "PRECISION": "tf32"},
+            cfg.num_warps, cfg.num_stages,
+        )  # fmt: skip
     for (group, head_dim), kv_fp8 in (((4, 128), False), ((8, 64), False), ((1, 128), False),
                                       ((8, 128), True)):  # fmt: skip
         cache = fp8 if kv_fp8 else dt

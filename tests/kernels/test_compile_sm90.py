@@ -47,6 +47,9 @@ def test_kernels_compile_for_sm90():
     names = {r["kernel"] for r in results}
     assert {"_decode_split_kernel", "_prefill_kernel", "_store_kv_kernel"} <= names
     assert "_dense_prefill_kernel" in names
+    # the skinny GEMM's weight stream is pipelined (cp.async stages) into wgmma
+    skinny = [r for r in results if r["kernel"] == "_skinny_gemm_kernel"]
+    assert skinny and all(r["cp_async"] and r["wgmma"] for r in skinny), skinny
     # the dense prefill path's TMA configs load K/V through the copy engine
     assert any(r["tma_loads"] for r in results if r["kernel"] == "_dense_prefill_kernel")
     # the warp-specialized variant compiles (Triton 3.6's Hopper pass), copy engine throughout
