@@ -74,23 +74,11 @@ def paged_attention(
         )  # fmt: skip
 
     from kernels.dense_prefill_attention import dense_prefill_attention
-    from kernels.paged_decode_attention import NewKV, paged_decode_attention
+    from kernels.paged_decode_attention import paged_decode_attention
     from kernels.paged_prefill_attention import paged_prefill_attention
     from kernels.rotary_store_kv import rotary_store_kv
     from kernels.store_kv import store_kv
 
-    if out is None:
-        out = torch.empty_like(q)
-    nd = meta.num_decodes
-    num_seqs = meta.seq_lens.shape[0]
-    if rotary is not None and nd == num_seqs and k_cache.dtype == q.dtype:
-        # decodes only: the decode kernel rotates q and k and writes the cache itself
-        paged_decode_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
-            max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits, out=out,
-            new_kv=NewKV(k, v, rotary[0], rotary[1], meta.slot_mapping),
-        )  # fmt: skip
-        return out
     if rotary is not None:
         positions, cos_sin = rotary
         rotary_store_kv(
@@ -98,6 +86,10 @@ def paged_attention(
         )
     else:
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+    if out is None:
+        out = torch.empty_like(q)
+    nd = meta.num_decodes
+    num_seqs = meta.seq_lens.shape[0]
     if nd:
         paged_decode_attention(
             q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,

@@ -8,9 +8,7 @@
 #   * decode attention beside them: the reduce kernel's width from the step's split count
 #     (balanced_num_splits: 1, 2, 4 ... 64);
 #   * both with q/k/v as the graph pieces hand them (their own buffers) and as the eager forward
-#     does (views of one fused qkv tensor), which differ in strides;
-#   * a decode-only step run eagerly (more rows than the largest decode graph): the decode
-#     kernel that rotates and stores the new k/v itself, with one split and with several.
+#     does (views of one fused qkv tensor), which differ in strides.
 # On the H200 one such variant first met mid-serving stopped a 166-token step for 1.9 s
 # (docs/benchmarks.md#the-per-step-token-budget-h200). The steps below are synthetic: padding
 # slots (-1) so nothing is written to the KV pool, block tables over its first blocks (read
@@ -52,7 +50,6 @@ def warmup_steps(max_tokens: int, max_model_len: int) -> list[WarmupStep]:
     steps = [WarmupStep(3, 1, ((q, prefix),)) for q in CHUNK_LENS for prefix in (0, CACHED_PREFIX)]
     steps += [WarmupStep(3, s, ((17, CACHED_PREFIX),)) for s in DECODE_SPLITS]
     steps += [WarmupStep(0, None, ((q, 0),)) for q in (CHUNK_LENS[0], CHUNK_LENS[-1])]
-    steps += [WarmupStep(3, s, ()) for s in (1, 2)]
     return [
         s for s in steps
         if s.num_tokens <= max_tokens and all(q + p <= max_model_len for q, p in s.chunks)

@@ -16,25 +16,14 @@
 #     runs an online softmax over its range and writes partial (max, sum, acc) in float32;
 #   * a reduce kernel rescales and sums the partials. With num_splits == 1 the split kernel
 #     normalises and writes the output itself and the reduce launch is skipped.
-#   * with `new_kv` (a decode-only step: this token's k and v, its position, the rotary table,
-#     its cache slot) the kernel also does rotary_store_kv's work: each program rotates q as it
-#     loads it, the program whose range holds the new token (position seq_len - 1) rotates that
-#     k, scores it and v from registers and writes both into the cache; the others read only
-#     keys before it, so nobody waits on the write. One launch and one graph node fewer per
-#     layer than rotary_store_kv + attention.
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels._launch import (
-    INDEX_DTYPES,
-    check_last_dim_contiguous,
     check_launchable,
     check_paged_attention,
     check_shape,
-    check_tensor,
     dot_config,
     host_int,
     next_power_of_2,
@@ -104,11 +93,6 @@ def _decode_split_kernel(
     part_max_ptr,  # [num_seqs, num_heads, num_splits] float32, running max (log2 domain)
     part_sum_ptr,  # [num_seqs, num_heads, num_splits] float32, sum of exp2(s - max)
     part_acc_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM] float32, unnormalised P @ V
-    k_new_ptr,  # FUSE_NEW: [num_seqs, num_kv_heads, HEAD_DIM] this token's k, before rotary
-    v_new_ptr,  # FUSE_NEW: [num_seqs, num_kv_heads, HEAD_DIM]
-    positions_ptr,  # FUSE_NEW: [num_seqs]
-    cos_sin_ptr,  # FUSE_NEW: [max_position, HEAD_DIM] float32, cos then sin
-    slot_mapping_ptr,  # FUSE_NEW: [num_seqs] int64, < 0: not stored (CUDA-graph padding)
     qk_scale,  # softmax scale * k_scale * log2(e): scores go straight to exp2
     v_scale,  # FP8 cache: the accumulated P @ V times this
     num_heads,
@@ -124,11 +108,6 @@ def _decode_split_kernel(
     stride_bt_seq,
     stride_o_seq,
     stride_o_head,
-    stride_kn_seq,
-    stride_kn_head,
-    stride_vn_seq,
-    stride_vn_head,
-    stride_cs_pos,
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_G: tl.constexpr,  # GROUP padded to >= 16 (tl.dot needs M >= 16)
     HEAD_DIM: tl.constexpr,
@@ -138,7 +117,6 @@ def _decode_split_kernel(
     KV_FP8: tl.constexpr,  # e4m3 cache: tiles are converted to q's dtype after loading
     UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
     DOT_PRECISION: tl.constexpr,
-    FUSE_NEW: tl.constexpr,  # rotary + cache write of this token's k/v (16-bit cache only)
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -160,23 +138,6 @@ def _decode_split_kernel(
     # q[seq, heads, d] -> [BLOCK_G, HEAD_DIM]; padding rows load zeros
     q_ptrs = q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptrs, mask=g_mask[:, None], other=0.0)
-    cached_end = end  # keys read from the cache: [start, cached_end)
-    if FUSE_NEW:
-        HALF: tl.constexpr = HEAD_DIM // 2
-        pos = tl.load(positions_ptr + seq).to(tl.int64)
-        # x[d] pairs with x[d ± HALF]: out[d] = x[d] cos - x[d + HALF] sin in the first half,
-        # x[d] cos + x[d - HALF] sin in the second (apply_rotary_ref, same float32 order)
-        pair_d = (offs_d + HALF) % HEAD_DIM
-        sign = tl.where(offs_d < HALF, -1.0, 1.0)
-        cos = tl.load(cos_sin_ptr + pos * stride_cs_pos + offs_d % HALF)
-        sin = tl.load(cos_sin_ptr + pos * stride_cs_pos + HALF + offs_d % HALF)
-        q_pair = tl.load(
-            q_ptrs - offs_d[None, :] + pair_d[None, :], mask=g_mask[:, None], other=0.0
-        )
-        q = (
-            q.to(tl.float32) * cos[None, :] + sign[None, :] * (q_pair.to(tl.float32) * sin[None, :])
-        ).to(q.dtype)
-        cached_end = tl.minimum(end, seq_len - 1)
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
@@ -188,9 +149,9 @@ def _decode_split_kernel(
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     kv_head_off = kv_head * stride_kc_head
     v_head_off = kv_head * stride_vc_head
-    for n0 in range(start, cached_end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         offs_tok = n0 + offs_n  # [BLOCK_N] key positions in the sequence
-        tok_mask = offs_tok < cached_end
+        tok_mask = offs_tok < end
         # block_tables[seq, pos // BLOCK_SIZE]; masked so entries past seq_len are never read
         block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
         block_ids = block_ids.to(tl.int64)  # int64: block * stride overflows int32 on big caches
@@ -231,36 +192,6 @@ def _decode_split_kernel(
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
-    if FUSE_NEW:  # noqa: SIM102 - a compile-time branch around a runtime one
-        if (seq_len > 0) & (start <= seq_len - 1) & (seq_len - 1 < end):
-            # this token's k (rotated, rounded to the cache dtype) and v: scored from registers,
-            # then stored at its slot for the steps after this one
-            kn_ptrs = k_new_ptr + seq * stride_kn_seq + kv_head * stride_kn_head
-            k_x = tl.load(kn_ptrs + offs_d)
-            k_pair = tl.load(kn_ptrs + pair_d)
-            k_rot = k_x.to(tl.float32) * cos + sign * (k_pair.to(tl.float32) * sin)
-            k_rot = k_rot.to(k_cache_ptr.dtype.element_ty)
-            v_new = tl.load(v_new_ptr + seq * stride_vn_seq + kv_head * stride_vn_head + offs_d)
-            qf = q.to(tl.float32)
-            s_new = tl.sum(qf * k_rot.to(tl.float32)[None, :], axis=1) * qk_scale  # [BLOCK_G]
-            m_new = tl.maximum(m_i, s_new)
-            alpha = tl.exp2(m_i - m_new)
-            p_new = tl.exp2(s_new - m_new)
-            l_i = l_i * alpha + p_new
-            # p rounded to the value dtype, as the tiles' P @ V dot takes it
-            p_new = p_new.to(v_new.dtype).to(tl.float32)
-            acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
-            m_i = m_new
-            slot = tl.load(slot_mapping_ptr + seq).to(tl.int64)
-            if slot >= 0:
-                block_id = slot // BLOCK_SIZE
-                block_off = slot % BLOCK_SIZE
-                kc = (k_cache_ptr + block_id * stride_kc_block + block_off * stride_kc_slot
-                      + kv_head_off + offs_d)  # fmt: skip
-                vc = (v_cache_ptr + block_id * stride_vc_block + block_off * stride_vc_slot
-                      + v_head_off + offs_d)  # fmt: skip
-                tl.store(kc, k_rot)
-                tl.store(vc, v_new.to(v_cache_ptr.dtype.element_ty))
     if KV_FP8:
         acc = acc * v_scale
 
@@ -429,64 +360,6 @@ def split_ladder(num_seqs: int, num_kv_heads: int, max_seq_len: int) -> list[int
     return sorted({min(base * f, MAX_SPLITS, max(base, useful)) for f in (1, 2, 4, 8, 16)})
 
 
-@dataclass(frozen=True, slots=True)
-class NewKV:
-    """This decode step's own keys and values, for the kernel to rotate and store (FUSE_NEW)."""
-
-    k: torch.Tensor  # [num_seqs, num_kv_heads, head_dim], before rotary
-    v: torch.Tensor  # [num_seqs, num_kv_heads, head_dim]
-    positions: torch.Tensor  # [num_seqs] int32/int64 (seq_len - 1 for a real row)
-    cos_sin: torch.Tensor  # [max_position, head_dim] float32: cos in the first half, sin after
-    slot_mapping: torch.Tensor  # [num_seqs] int64; < 0: nothing stored (padding)
-
-
-def paged_decode_attention_new_kv_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    new_kv: NewKV,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """What the fused kernel does, as the two references in turn: rotary and the cache write
-    (rotary_store_kv_ref, on copies: the fused kernel leaves q and k as they were), then
-    attention over the cache."""
-    from kernels.rotary_store_kv import rotary_store_kv_ref
-
-    q_rot, k_rot = q.clone(), new_kv.k.clone()
-    rotary_store_kv_ref(
-        q_rot, k_rot, new_kv.v, new_kv.positions, new_kv.cos_sin, k_cache, v_cache,
-        new_kv.slot_mapping,
-    )  # fmt: skip
-    return paged_decode_attention_ref(q_rot, k_cache, v_cache, block_tables, seq_lens, scale, out)
-
-
-def check_new_kv(q: torch.Tensor, k_cache: torch.Tensor, new_kv: NewKV) -> None:
-    num_seqs, _, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    if k_cache.dtype != q.dtype:
-        raise ValueError("new_kv needs a cache in q's dtype (an e4m3 cache: rotary_store_kv first)")
-    for name in ("k", "v"):
-        t = getattr(new_kv, name)
-        check_tensor(f"new_kv.{name}", t, ndim=3, dtypes=(q.dtype,), device=q.device)
-        check_shape(f"new_kv.{name}", t, (num_seqs, num_kv_heads, head_dim))
-        check_last_dim_contiguous(f"new_kv.{name}", t)
-    check_tensor("new_kv.positions", new_kv.positions, ndim=1, dtypes=INDEX_DTYPES, device=q.device)
-    check_shape("new_kv.positions", new_kv.positions, (num_seqs,))
-    check_tensor("new_kv.slot_mapping", new_kv.slot_mapping, ndim=1, dtypes=INDEX_DTYPES,
-                 device=q.device)  # fmt: skip
-    check_shape("new_kv.slot_mapping", new_kv.slot_mapping, (num_seqs,))
-    check_tensor("new_kv.cos_sin", new_kv.cos_sin, ndim=2, dtypes=(torch.float32,),
-                 device=q.device)  # fmt: skip
-    if new_kv.cos_sin.shape[1] != head_dim:
-        raise ValueError(
-            f"new_kv.cos_sin rows have {new_kv.cos_sin.shape[1]} values, not {head_dim}"
-        )
-    check_last_dim_contiguous("new_kv.cos_sin", new_kv.cos_sin)
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -500,7 +373,6 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    new_kv: NewKV | None = None,
 ) -> torch.Tensor:
     """Triton twin of `paged_decode_attention_ref` (split-KV, GQA-aware).
 
@@ -511,12 +383,8 @@ def paged_decode_attention(
     captured in a CUDA graph (with num_splits=None the count is fixed by the max_seq_len seen
     at capture). The float32 scratch for the partials (num_splits > 1) is allocated per call,
     from the graph's private pool under capture.
-    new_kv: q and new_kv.k come before rotary; the kernel rotates them and writes this token's
-    k/v into the cache (paged_decode_attention_new_kv_ref); the cache must be in q's dtype.
     """
     shape = check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
-    if new_kv is not None:
-        check_new_kv(q, k_cache, new_kv)
     check_shape("seq_lens", seq_lens, (q.shape[0],))  # one query token per sequence
     num_seqs, num_heads, num_kv_heads = shape.num_seqs, shape.num_heads, shape.num_kv_heads
     head_dim, block_size = shape.head_dim, shape.block_size
@@ -553,7 +421,6 @@ def paged_decode_attention(
         )
     else:
         part_max = part_sum = part_acc = out  # unused placeholders
-    fused = new_kv or NewKV(q, q, seq_lens, q, seq_lens)  # placeholders when not fused
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -564,11 +431,6 @@ def paged_decode_attention(
         part_max,
         part_sum,
         part_acc,
-        fused.k,
-        fused.v,
-        fused.positions,
-        fused.cos_sin,
-        fused.slot_mapping,
         float(scale) * float(k_scale) * LOG2E,
         float(v_scale),
         num_heads,
@@ -584,11 +446,6 @@ def paged_decode_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        fused.k.stride(0),
-        fused.k.stride(1),
-        fused.v.stride(0),
-        fused.v.stride(1),
-        fused.cos_sin.stride(0),
         GROUP=group,
         BLOCK_G=BLOCK_G,
         HEAD_DIM=head_dim,
@@ -598,7 +455,6 @@ def paged_decode_attention(
         KV_FP8=kv_fp8,
         UPCAST_DOT=upcast,
         DOT_PRECISION=precision,
-        FUSE_NEW=new_kv is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

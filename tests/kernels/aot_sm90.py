@@ -6,7 +6,6 @@
 # "wgmma.mma_async instructions are serialized" notes (C751x), each a lost overlap of tensor-core
 # work, found by running the bundled ptxas -v again on the PTX.
 # Uses Triton's compiler entry points (ASTSource, GPUTarget) as of triton 3.6.
-import itertools
 import json
 import os
 import re
@@ -159,18 +158,15 @@ def variants(dt: str = "bf16"):
         kv = {"k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "i32",
               "seq_lens_ptr": "i32"}  # fmt: skip
         block_n, warps, stages = pda.decode_launch(head_dim, kv_fp8)
-        new_kv = {"k_new_ptr": dt, "v_new_ptr": dt, "positions_ptr": "i64",
-                  "cos_sin_ptr": "fp32", "slot_mapping_ptr": "i64"}  # fmt: skip
-        for one_split, fuse_new in itertools.product((True, False), {False, not kv_fp8}):
+        for one_split in (True, False):
             yield (
                 pda._decode_split_kernel,
                 {"q_ptr": dt, "out_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32",
-                 "part_acc_ptr": "fp32", **kv, **new_kv},
+                 "part_acc_ptr": "fp32", **kv},
                 ("qk_scale", "v_scale"),
                 {"GROUP": group, "BLOCK_G": max(16, group), "HEAD_DIM": head_dim,
                  "BLOCK_SIZE": 16, "BLOCK_N": block_n, "NUM_SPLITS_IS_ONE": one_split,
-                 "KV_FP8": kv_fp8, "UPCAST_DOT": False, "DOT_PRECISION": "tf32",
-                 "FUSE_NEW": fuse_new},
+                 "KV_FP8": kv_fp8, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
                 warps, stages,
             )  # fmt: skip
         yield (
