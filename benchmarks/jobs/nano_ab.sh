@@ -18,11 +18,11 @@ nano() {  # nano TREE NAME [ARGS]: the bench in TREE's code, JSON and log under 
 }
 nano . new --repeats "${REPEATS:-3}"
 [ -n "${BASE:-}" ] && nano "$BASE" base
-stamp "gpu tests"
+[ -n "${SKIP_TESTS:-}" ] || { stamp "gpu tests"
 PYTHONPATH=$PWD timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_paths.py \
   tests/kernels/test_rotary_store_kv.py tests/kernels/test_paged_decode_attention.py \
-  tests/kernels/test_fp8_kv_cache.py > "$OUT/gpu_tests.log" 2>&1
-stamp "gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.log"
+  tests/kernels/test_skinny_gemm.py tests/kernels/test_fp8_kv_cache.py > "$OUT/gpu_tests.log" 2>&1
+stamp "gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.log"; }
 stamp "decode breakdown"
 PYTHONPATH=$PWD python3 benchmarks/decode_breakdown.py --parts "${PARTS:-decode}" \
   --batches "${BATCHES:-32,128,256}" \
