@@ -30,10 +30,13 @@ from kernels._launch import (
 
 MAX_SPLIT_K = 16
 MAX_BLOCK_M = 256  # more rows: several row tiles (the weight is then read once per tile)
-# Rows up to which the engine takes this kernel over cuBLAS: on the H200 it is 2-15 % faster for
-# every llama-3.1-8b projection up to 64 rows (o_proj at 64 is the exception, 5 % slower), and
-# 10-50 % slower from 96 rows (swap-AB re-reads x once per weight tile).
+# Rows up to which the engine takes this kernel over cuBLAS. On the H200 (skinny_gemm_sweep) it
+# is 2-15 % faster for every llama-3.1-8b projection up to 32 rows and for the large ones (down,
+# gate/up, lm_head) up to 64; at 64 rows q/k/v ties and o_proj is 5 % slower; from 96 rows it is
+# 10-50 % slower (swap-AB re-reads x once per weight tile).
 SKINNY_MAX_ROWS = 64
+SKINNY_SMALL_MAX_ROWS = 32  # for weights of <= SMALL_WEIGHT elements
+SMALL_WEIGHT = 32 << 20
 SMEM_BUDGET = 200 * 1024  # bytes of shared memory for the pipeline's stages (sm_90: 227 KB)
 
 
@@ -87,14 +90,17 @@ def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
 
 def skinny_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
     """The config skinny_gemm runs x @ w^T with where it beats cuBLAS, else None: a Hopper GPU,
-    16-bit operands contiguous in K, at most SKINNY_MAX_ROWS rows, K a whole number of the
-    config's splits. Host metadata only (safe under CUDA-graph capture)."""
+    16-bit operands contiguous in K, at most SKINNY_MAX_ROWS rows (SKINNY_SMALL_MAX_ROWS for a
+    small weight), K a whole number of the config's splits. Host metadata only (safe under
+    CUDA-graph capture)."""
     if not x.is_cuda or x.dim() != 2 or w.dim() != 2:
         return None
     if x.dtype not in (torch.bfloat16, torch.float16):
         return None
     m, k = x.shape
     if not 0 < m <= SKINNY_MAX_ROWS or w.dtype != x.dtype or w.shape[1] != k:
+        return None
+    if m > SKINNY_SMALL_MAX_ROWS and w.numel() <= SMALL_WEIGHT:
         return None
     if x.stride(1) != 1 or w.stride(1) != 1 or _capability(x.device)[0] != 9:
         return None

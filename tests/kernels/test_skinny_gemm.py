@@ -90,6 +90,9 @@ def test_skinny_config_only_where_it_wins():
     assert (sg.skinny_config(x, w) is not None) == hopper
     big = torch.zeros(sg.SKINNY_MAX_ROWS + 1, 256, dtype=torch.bfloat16, device=DEVICE)
     assert sg.skinny_config(big, w) is None  # cuBLAS from 65 rows
+    assert sg.skinny_config(big[:48], w) is None  # a small weight: cuBLAS from 33 rows
+    large_w = torch.zeros(sg.SMALL_WEIGHT // 256 + 64, 256, dtype=torch.bfloat16, device=DEVICE)
+    assert sg.skinny_config(big[:48], large_w) is not None
     assert sg.skinny_config(x.float(), w.float()) is None  # 16-bit only
     assert sg.skinny_config(x[:, :200], w[:, :200]) is None  # K not a whole number of tiles
 
