@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `fleetlm bench serve` on a lent GPU box, which has torch but not the serving stack and no
-# network: install the wheels carried in .whl/ (see docs/benchmarks.md), then run the benchmark
+# network: install the wheels carried in .whl/ (made here by `python benchmarks/fetch_wheels.py`,
+# ~33 MiB; the device call names .whl in carry), then run the benchmark
 # with the given arguments. Everything lands in $OUT: bench.log, and with PROFILE_AFTER=seconds a
 # py-spy sample of the worker (PROFILE_FOR seconds, from PROFILE_AFTER seconds into the first
 # measured rate) plus per-thread CPU (top) and GPU (nvidia-smi dmon) readings in diag.tgz.
