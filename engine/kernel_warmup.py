@@ -8,7 +8,10 @@
 #   * decode attention beside them: the reduce kernel's width from the step's split count
 #     (balanced_num_splits: 1, 2, 4 ... 64);
 #   * both with q/k/v as the graph pieces hand them (their own buffers) and as the eager forward
-#     does (views of one fused qkv tensor), which differ in strides.
+#     does (views of one fused qkv tensor), which differ in strides;
+#   * with a draft model (speculative_method "draft"), the same steps through the draft too: it
+#     follows every prompt chunk eagerly and catches up in eager prefill passes, at its own head
+#     counts and widths, so its variants differ from the target's.
 # On the H200 one such variant first met mid-serving stopped a 166-token step for 1.9 s
 # (docs/benchmarks.md#the-per-step-token-budget-h200). The steps below are synthetic: padding
 # slots (-1) so nothing is written to the KV pool, block tables over its first blocks (read
@@ -99,6 +102,8 @@ def warm_up_mixed_steps(runner) -> dict:
         batch = runner.batch_builder.to_device(packed)
         hidden = runner._forward(batch.input_ids, batch.positions, batch.meta)  # eager
         runner.model.compute_logits(hidden[batch.logits_indices])
+        if runner.draft is not None:  # slots -1: nothing lands in the draft's cache either
+            runner.draft.forward(batch.input_ids, batch.positions, batch.meta)
         if pieces is not None and pieces.can_run(step.num_tokens):
             pieces.run(batch)
     if runner.device.type == "cuda":

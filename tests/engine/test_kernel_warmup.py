@@ -125,3 +125,20 @@ def test_a_compile_during_serving_is_counted_in_the_step_and_the_stats(model_dir
     compiles = trace.columns()["kernel_compiles"].tolist()
     assert compiles[0] == 0 and compiles[1] == 1 and sum(compiles) == 1
     assert engine.stats().kernel_compiles == 1
+
+
+def test_warm_up_runs_the_draft_model_too_and_writes_none_of_its_cache(model_dir):
+    options = dict(dtype="float32", device="cpu", num_kv_blocks=128, max_num_batched_tokens=64)
+    llm = LLM(str(model_dir), speculative_method="draft", draft_model=str(model_dir), **options)
+    runner = llm.engine.runner
+    draft = runner.draft
+    seen: list[int] = []
+    forward = draft.forward
+    draft.forward = lambda ids, pos, meta: seen.append(ids.shape[0]) or forward(ids, pos, meta)
+    draft.kv_caches.normal_()
+    before = draft.kv_caches.clone()
+    report = warm_up_mixed_steps(runner)
+    steps = warmup_steps(64, runner.max_model_len)
+    assert report["steps"] == len(steps)
+    assert seen == [s.num_tokens for s in steps]  # every step, whole, through the draft
+    assert torch.equal(draft.kv_caches, before)
