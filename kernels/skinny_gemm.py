@@ -207,13 +207,20 @@ class _Workspace:
         self.retired: list[torch.Tensor] = []
 
     def get(self, device: torch.device, partial_numel: int, num_tiles: int):
-        p = self.partials.get(device)
+        p, c = self.partials.get(device), self.counters.get(device)
+        grow = p is None or p.numel() < partial_numel or c is None or c.numel() < num_tiles
+        if grow and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # the counters' zero fill would only happen when the graph replays: the first launch
+            # of the shape must come before the capture (capture_graph warms up eagerly)
+            raise RuntimeError(
+                "skinny_gemm needs a larger workspace inside a CUDA-graph capture; call it once "
+                "with this shape before capturing"
+            )
         if p is None or p.numel() < partial_numel:
             if p is not None:
                 self.retired.append(p)
             p = torch.empty(max(partial_numel, 1 << 20), dtype=torch.float32, device=device)
             self.partials[device] = p
-        c = self.counters.get(device)
         if c is None or c.numel() < num_tiles:
             if c is not None:
                 self.retired.append(c)

@@ -97,6 +97,18 @@ def test_skinny_config_only_where_it_wins():
     assert sg.skinny_config(x[:, :200], w[:, :200]) is None  # K not a whole number of tiles
 
 
+def test_workspace_refuses_to_grow_inside_a_capture(monkeypatch):
+    # its counters' zero fill would be captured, not run: the graph's first replay would start
+    # from whatever the memory held
+    ws = sg._Workspace()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="before capturing"):
+        ws.get(torch.device("cuda", 0), 1024, 64)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    partials, counters = ws.get(torch.device("cpu"), 1024, 64)  # outside a capture: grows
+    assert partials.numel() >= 1024 and counters.numel() >= 64 and not counters.any()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 def test_skinny_gemm_split_k_replays_in_a_cuda_graph():
     x, w = operands(32, 4096, 4096, torch.bfloat16)
