@@ -16,19 +16,12 @@ import triton
 import triton.language as tl
 
 from kernels._launch import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    KV_CACHE_DTYPES,
-    check_contiguous,
-    check_last_dim_contiguous,
     check_launchable,
-    check_shape,
-    check_tensor,
     interpreting,
 )
 from kernels.fp8_quant import FP8_DTYPE, round_to_e4m3
 from kernels.rotary import _rotate_heads, apply_rotary_ref, check_rotary, rotary_tiles
-from kernels.store_kv import store_kv_ref
+from kernels.store_kv import check_cache_write, store_kv_ref
 
 
 def rotary_store_kv_ref(
@@ -170,23 +163,10 @@ def rotary_store_kv(
     paged cache, returns (q, k). q, k and v may be strided views of a fused qkv output (last dim
     contiguous). Neither positions nor slots are range-checked (no host sync)."""
     check_rotary(q, k, positions, cos_sin_cache)
-    device = q.device
-    check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES, device=device)
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=device)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=device)
-    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=INDEX_DTYPES, device=device)
-    num_tokens, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    check_shape("k", k, (num_tokens, num_kv_heads, head_dim))
-    check_shape("v", v, (num_tokens, num_kv_heads, head_dim))
-    check_shape("slot_mapping", slot_mapping, (num_tokens,))
-    check_shape("k_cache", k_cache, (k_cache.shape[0], block_size, num_kv_heads, head_dim))
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    if v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"k_cache and v_cache dtypes differ: {k_cache.dtype} vs {v_cache.dtype}")
-    for name, t in (("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_last_dim_contiguous(name, t)
-    check_contiguous("slot_mapping", slot_mapping)
+    num_tokens, block_size, num_kv_heads, head_dim = check_cache_write(
+        k, v, k_cache, v_cache, slot_mapping
+    )
+    num_heads = q.shape[1]
     if num_tokens == 0:
         return q, k
     check_launchable(q)

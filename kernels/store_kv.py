@@ -125,21 +125,16 @@ def _store_kv_kernel(
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def store_kv(
+def check_cache_write(
     key: torch.Tensor,
     value: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> None:
-    """Triton twin of `store_kv_ref`: writes key/value rows into the paged cache in place.
-
-    key/value may be strided views (e.g. slices of a fused QKV output) as long as the last dim is
-    contiguous. Slots are not range-checked (that would need a host sync): a slot >= num_blocks *
-    block_size writes out of bounds, exactly like an out-of-range index on the GPU.
-    """
+) -> tuple[int, int, int, int]:
+    """The arguments of a paged-cache write (store_kv's, rotary_store_kv's): key/value rows of
+    the cache's head layout, one slot per row, caches alike. Returns (num_tokens, block_size,
+    num_kv_heads, head_dim)."""
     check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES)
     device = k_cache.device
     check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=device)
@@ -157,6 +152,27 @@ def store_kv(
     for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
     check_contiguous("slot_mapping", slot_mapping)
+    return num_tokens, block_size, num_kv_heads, head_dim
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Triton twin of `store_kv_ref`: writes key/value rows into the paged cache in place.
+
+    key/value may be strided views (e.g. slices of a fused QKV output) as long as the last dim is
+    contiguous. Slots are not range-checked (that would need a host sync): a slot >= num_blocks *
+    block_size writes out of bounds, exactly like an out-of-range index on the GPU.
+    """
+    num_tokens, block_size, num_kv_heads, head_dim = check_cache_write(
+        key, value, k_cache, v_cache, slot_mapping
+    )
     if num_tokens == 0:
         return
     check_launchable(key)
