@@ -82,10 +82,11 @@ def _compile(chunk) -> int:
 
 def precompile(ms, workers: int) -> None:
     todo = tasks(ms)
-    # one key per compiled variant: block_m, the config's constexprs and m's specialization
+    # one key per compiled variant: block_m, the config's constexprs, K's specialisation (the
+    # kernel does not specialise on m)
     seen, uniq = set(), []
     for m, n, k, c in todo:
-        key = (sg.block_m_for(m), m == 1, m % 16 == 0, c, n % c.block_n == 0, (k // c.split_k) % 16)
+        key = (sg.block_m_for(m), c, n % c.block_n == 0, (k // c.split_k) % 16)
         if key not in seen:
             seen.add(key)
             uniq.append((m, n, k, c))

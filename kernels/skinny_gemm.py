@@ -122,7 +122,9 @@ def _capability(device: torch.device) -> tuple[int, int]:
 # k range] @ x[m tile, k range]^T, the transpose of the output tile. K ranges are whole
 # BLOCK_K tiles (the launcher checks K % (SPLIT_K * BLOCK_K) == 0), so only N and M are masked.
 # ---------------------------------------------------------------------------------------------
-@triton.jit
+# M (the batch rows) only masks: not specialised on, so each row count of a CUDA-graph ladder
+# does not compile its own variant, and it stays a tensor (int64 arithmetic below).
+@triton.jit(do_not_specialize=["M"])
 def _skinny_gemm_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K]
@@ -176,7 +178,7 @@ def _skinny_gemm_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
     else:
         # partial[s, m, n], contiguous
-        plane = pid_k.to(tl.int64) * 0 + M * N  # int64: SPLIT_K * M * N may pass 2**31
+        plane = M.to(tl.int64) * N  # int64: SPLIT_K * M * N may pass 2**31
         tile_offs = offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
         tl.store(partial_ptr + pid_k * plane + tile_offs, acc, mask=tile_mask)
         # every thread's partial is written before one thread publishes the arrival (release);
