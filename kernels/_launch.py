@@ -44,6 +44,17 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _capability_of(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device, asked once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability_of(index)
+
+
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return sm_count(device.index if device.index is not None else torch.cuda.current_device())

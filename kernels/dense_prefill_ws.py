@@ -23,13 +23,12 @@
 # padding that may hold NaN) are never read. Otherwise each program builds k/v descriptors
 # bounded by its own chunk (the copy engine zero-fills past the end). In-kernel descriptors
 # need triton.set_allocator (_ensure_allocator).
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import dot_config, interpreting
+from kernels._launch import capability, dot_config, interpreting
 from kernels.paged_prefill_attention import _attend_paged_keys
 
 # The running max starts here, not at -inf: finite, so exp2(s - m) and exp2(m_old - m_new) never
@@ -246,11 +245,6 @@ def _prefix_merge_kernel(
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
-@functools.cache
-def _is_hopper(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 9
-
-
 def ws_supported(device: torch.device) -> bool:
     """The warp-specialized kernel runs here: an sm_90 GPU (its in-kernel tensor descriptors
     and Triton 3.6's warp specialization were built and checked for Hopper only), or the
@@ -259,7 +253,7 @@ def ws_supported(device: torch.device) -> bool:
         return True
     if device.type != "cuda":
         return False
-    return _is_hopper(torch.cuda.current_device() if device.index is None else device.index)
+    return capability(device)[0] == 9
 
 
 def ws_ready(t: torch.Tensor) -> bool:

@@ -11,7 +11,6 @@
 # counter, so the next launch or CUDA-graph replay starts clean).
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +19,7 @@ import triton.language as tl
 
 from kernels._launch import (
     FLOAT_DTYPES,
+    capability,
     check_last_dim_contiguous,
     check_launchable,
     check_tensor,
@@ -102,19 +102,10 @@ def skinny_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
         return None
     if m > SKINNY_SMALL_MAX_ROWS and w.numel() <= SMALL_WEIGHT:
         return None
-    if x.stride(1) != 1 or w.stride(1) != 1 or _capability(x.device)[0] != 9:
+    if x.stride(1) != 1 or w.stride(1) != 1 or capability(x.device)[0] != 9:
         return None
     config = default_config(m, w.shape[0], k, num_sms(x.device))
     return config if k % (config.split_k * config.block_k) == 0 else None
-
-
-@functools.cache
-def _capability_of(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,10 +8,9 @@
 #   y[t, n] = (Σ_k x_q[t, k] · w_q[n, k]) · x_scale[t] · w_scale[n]
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from kernels._launch import capability
 from kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, MIN_SCALE, quantize_fp8_ref
 
 
@@ -51,21 +50,15 @@ def fp8_matmul_ref(
     return (y * x_scale * w_scale[None, :]).to(out_dtype)
 
 
-@functools.cache
-def _has_rowwise_fp8(device_index: int) -> bool:
-    # Row-wise scaled FP8 GEMMs (torch's CUTLASS kernel) need sm90; Ada's FP8 tensor cores
-    # take only per-tensor scales there, so Ada runs the reference path.
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
-
-
 def uses_scaled_mm(x: torch.Tensor, w_q: torch.Tensor) -> bool:
     """torch._scaled_mm with row-wise scales: Hopper or newer, bf16 output, both weight
     dimensions multiples of 16."""
     if not x.is_cuda or x.dtype != torch.bfloat16:
         return False
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     n, k = w_q.shape
-    return _has_rowwise_fp8(index) and n % 16 == 0 and k % 16 == 0
+    # Row-wise scaled FP8 GEMMs (torch's CUTLASS kernel) need sm90; Ada's FP8 tensor cores
+    # take only per-tensor scales there, so Ada runs the reference path.
+    return capability(x.device) >= (9, 0) and n % 16 == 0 and k % 16 == 0
 
 
 def fp8_linear(
