@@ -30,6 +30,9 @@ class AttentionMetadata:
     prefill_query_start_loc: torch.Tensor | None = None
     max_decode_seq_len: int = 0
     decode_num_splits: int | None = None  # fixed for CUDA-graph capture
+    # [num_decodes] int32: the decode rows by context length, longest first (the decode
+    # kernel starts its programs in this order, so its last wave is short rows); None: as is
+    decode_order: torch.Tensor | None = None
 
 
 def prefill_tail(meta: AttentionMetadata) -> AttentionMetadata:
@@ -94,7 +97,7 @@ def paged_attention(
         paged_decode_attention(
             q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
             max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits, out=out[:nd],
-            k_scale=k_scale, v_scale=v_scale,
+            k_scale=k_scale, v_scale=v_scale, seq_order=meta.decode_order,
         )  # fmt: skip
     if nd < num_seqs and k_cache.dtype == q.dtype:
         dense_prefill_attention(

@@ -38,7 +38,8 @@ class PackedBatch:
     # rows and the previous step's rows they read (num_fed each)
     i64: np.ndarray
     # i32: seq_lens [num_seqs], query_start_loc [num_seqs + 1], the prefill tail's re-based
-    # query_start_loc [num_seqs - num_decodes + 1], then block_tables [num_seqs, max_blocks]
+    # query_start_loc [num_seqs - num_decodes + 1], block_tables [num_seqs, max_blocks], then
+    # the decode rows longest context first [num_decodes]
     i32: np.ndarray
     num_tokens: int
     num_seqs: int
@@ -123,11 +124,12 @@ class BatchBuilder:
         nd = out.num_decodes
         prefill_qsl = [q - query_start[nd] for q in query_start[nd:]]
         header = np.array(seq_lens + query_start + prefill_qsl, dtype=np.int32)
+        decode_order = np.argsort(-header[:nd], kind="stable").astype(np.int32)
         return PackedBatch(
             i64=np.array(
                 tokens + positions + slots + logits_indices + fed_rows + fed_from, dtype=np.int64
             ),
-            i32=np.concatenate((header, block_tables.ravel())),
+            i32=np.concatenate((header, block_tables.ravel(), decode_order)),
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             max_blocks=max_blocks,
@@ -146,9 +148,11 @@ class BatchBuilder:
         i64 = self._to_device(packed.i64)
         i32 = self._to_device(packed.i32)
         num_prefill_qsl = s - nd + 1
+        tables_at = 2 * s + 1 + num_prefill_qsl
+        order_at = tables_at + s * packed.max_blocks
         meta = AttentionMetadata(
             slot_mapping=i64[2 * t : 3 * t],
-            block_tables=i32[2 * s + 1 + num_prefill_qsl :].view(s, packed.max_blocks),
+            block_tables=i32[tables_at:order_at].view(s, packed.max_blocks),
             seq_lens=i32[:s],
             query_start_loc=i32[s : 2 * s + 1],
             num_decodes=nd,
@@ -157,6 +161,7 @@ class BatchBuilder:
             prefill_query_start_loc=i32[2 * s + 1 : 2 * s + 1 + num_prefill_qsl],
             max_decode_seq_len=max(seq_lens[:nd], default=0),
             decode_num_splits=packed.decode_num_splits,
+            decode_order=i32[order_at:] if nd else None,
         )
         end = i64.shape[0] - 2 * f  # logits_indices end where the fed rows begin
         return PreparedBatch(

@@ -19,6 +19,8 @@
 # Static buffers (allocated once, written before every replay), T = max_bs * query_len:
 #   input_ids, positions, slot_mapping: [T]
 #   seq_lens: [max_bs] int32; block_tables: [max_bs, max_blocks] int32
+#   decode_order: [max_bs] int32, a permutation of the padded batch's rows (decode only: the
+#     real rows longest first, then the padding rows in place)
 #   query_start_loc: [max_bs + 1] int32
 #   logits: [T, vocab], the graph's output (every real token samples in these steps): in the
 #     model dtype for decode (the lm_head's matmul rounds to it anyway; a float32 copy cost
@@ -91,6 +93,8 @@ class StepGraphs:
         self.block_tables = torch.zeros(self.max_bs, self.max_blocks, dtype=torch.int32, device=d)
         if query_len == 1:
             self.query_start_loc = torch.arange(self.max_bs + 1, dtype=torch.int32, device=d)
+            self.decode_order = torch.arange(self.max_bs, dtype=torch.int32, device=d)
+            self.row_ids = torch.arange(self.max_bs, dtype=torch.int32, device=d)
         else:
             self.query_start_loc = torch.zeros(self.max_bs + 1, dtype=torch.int32, device=d)
         self.logits_dtype = model_dtype if query_len == 1 else torch.float32
@@ -123,6 +127,7 @@ class StepGraphs:
                 prefill_query_start_loc=None,
                 max_decode_seq_len=self.max_seq_len,
                 decode_num_splits=splits,
+                decode_order=self.decode_order[:bs],
             )
         qsl = self.query_start_loc[: bs + 1]
         return AttentionMetadata(
@@ -196,8 +201,13 @@ class StepGraphs:
         if bs > n:
             self.seq_lens[n:bs].fill_(0)
         if self.query_len == 1:
+            if meta.decode_order is not None:
+                self.decode_order[:n].copy_(meta.decode_order)
+            else:
+                self.decode_order[:n].copy_(self.row_ids[:n])
             if bs > n:
                 self.slot_mapping[n:bs].fill_(-1)
+                self.decode_order[n:bs].copy_(self.row_ids[n:bs])
         else:
             self.slot_mapping[t : bs * mean_len].fill_(-1)
             self.query_start_loc[: n + 1].copy_(meta.query_start_loc)

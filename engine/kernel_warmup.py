@@ -78,9 +78,10 @@ def pack(step: WarmupStep, block_size: int, num_blocks: int, max_model_len: int)
     prefill_qsl = [q - starts[nd] for q in starts[nd:]]
     i64 = np.array([0] * t + positions + [-1] * t + logits_indices, dtype=np.int64)
     header = np.array(seq_lens + starts + prefill_qsl, dtype=np.int32)
+    decode_order = np.arange(nd, dtype=np.int32)  # equal contexts: any order is longest-first
     return PackedBatch(
-        i64=i64, i32=np.concatenate((header, tables.ravel())), num_tokens=t, num_seqs=s,
-        max_blocks=max_blocks, num_decodes=nd, max_query_len=max(q for q, _ in lens),
+        i64=i64, i32=np.concatenate((header, tables.ravel(), decode_order)), num_tokens=t,
+        num_seqs=s, max_blocks=max_blocks, num_decodes=nd, max_query_len=max(q for q, _ in lens),
         has_drafts=False, decode_num_splits=step.decode_splits,
     )  # fmt: skip
 

@@ -24,6 +24,7 @@ from kernels._launch import (
     check_launchable,
     check_paged_attention,
     check_shape,
+    check_tensor,
     dot_config,
     host_int,
     next_power_of_2,
@@ -81,7 +82,7 @@ LOG2E = 1.4426950408889634
 # divisibility or pointer alignment triggers a fresh compile in the middle of serving.
 @triton.jit(
     do_not_specialize=["num_splits", "stride_bt_seq"],
-    do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr"],
+    do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "seq_order_ptr"],
 )
 def _decode_split_kernel(
     q_ptr,  # [num_seqs, num_heads, HEAD_DIM]
@@ -89,6 +90,7 @@ def _decode_split_kernel(
     v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq]
     seq_lens_ptr,  # [num_seqs]
+    seq_order_ptr,  # [num_seqs] int32: the row the i-th program row takes (HAS_ORDER only)
     out_ptr,  # [num_seqs, num_heads, HEAD_DIM] (written only when NUM_SPLITS_IS_ONE)
     part_max_ptr,  # [num_seqs, num_heads, num_splits] float32, running max (log2 domain)
     part_sum_ptr,  # [num_seqs, num_heads, num_splits] float32, sum of exp2(s - max)
@@ -114,13 +116,19 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     BLOCK_N: tl.constexpr,  # keys per tile
     NUM_SPLITS_IS_ONE: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
     KV_FP8: tl.constexpr,  # e4m3 cache: tiles are converted to q's dtype after loading
     UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
     DOT_PRECISION: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # KV heads vary fastest in the launch order: a sequence's heads run side by side and read
+    # the same cache pages (a slot holds all heads) while they are open in DRAM. With an order,
+    # rows go longest first, so the last wave holds the short rows (a shorter tail).
+    kv_head = tl.program_id(0)
+    seq = tl.program_id(1)
     split = tl.program_id(2)
+    if HAS_ORDER:
+        seq = tl.load(seq_order_ptr + seq)
 
     seq_len = tl.load(seq_lens_ptr + seq)
     # This split's key range [start, end): ceil(seq_len / num_splits) rounded up to whole tiles.
@@ -373,13 +381,17 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    seq_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton twin of `paged_decode_attention_ref` (split-KV, GQA-aware).
+
+    seq_order: optional int32 [num_seqs], a permutation of the rows in the order their programs
+    should start (longest context first shortens the kernel's tail); the output is the same.
 
     max_seq_len: host int, an upper bound of the seq_lens. It only sizes the automatic split
     count (num_splits=None) and is checked against the block table width; correctness never
     depends on it: each split's key range is computed on the device from that row's seq_len.
-    The grid is (num_seqs, num_kv_heads, num_splits), made of host ints only, so the call can be
+    The grid is (num_kv_heads, num_seqs, num_splits), made of host ints only, so the call can be
     captured in a CUDA graph (with num_splits=None the count is fixed by the max_seq_len seen
     at capture). The float32 scratch for the partials (num_splits > 1) is allocated per call,
     from the graph's private pool under capture.
@@ -421,12 +433,16 @@ def paged_decode_attention(
         )
     else:
         part_max = part_sum = part_acc = out  # unused placeholders
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+    if seq_order is not None:
+        check_tensor("seq_order", seq_order, ndim=1, dtypes=(torch.int32,), device=device)
+        check_shape("seq_order", seq_order, (num_seqs,))
+    _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](
         q,
         k_cache,
         v_cache,
         block_tables,
         seq_lens,
+        seq_lens if seq_order is None else seq_order,
         out,
         part_max,
         part_sum,
@@ -452,6 +468,7 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=BLOCK_N,
         NUM_SPLITS_IS_ONE=num_splits == 1,
+        HAS_ORDER=seq_order is not None,
         KV_FP8=kv_fp8,
         UPCAST_DOT=upcast,
         DOT_PRECISION=precision,

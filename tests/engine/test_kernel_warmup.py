@@ -58,6 +58,7 @@ def test_pack_lays_a_step_out_as_the_batch_builder_does(model_dir):
     assert meta.query_start_loc.tolist() == [0, 1, 2, 3, 12]
     assert meta.prefill_query_start_loc.tolist() == [0, 9]
     assert meta.max_query_len == 9 and meta.decode_num_splits == step.decode_splits
+    assert meta.decode_order.tolist() == list(range(nd))
     assert batch.input_ids.shape[0] == nd + 9
     assert (meta.slot_mapping == -1).all()  # nothing stored
     expected_positions = [DECODE_CONTEXT - 1] * nd + list(range(CACHED_PREFIX, CACHED_PREFIX + 9))
@@ -74,7 +75,9 @@ def test_pack_clamps_block_ids_and_context_to_a_small_pool(model_dir):
     seq_lens = packed.i32[: packed.num_seqs].tolist()
     assert max(seq_lens[: step.num_decodes]) == 40
     assert packed.max_blocks == 5
-    tables = packed.i32[-packed.num_seqs * packed.max_blocks :].reshape(packed.num_seqs, -1)
+    end = packed.i32.shape[0] - packed.num_decodes  # the decode order follows the tables
+    tables = packed.i32[end - packed.num_seqs * packed.max_blocks : end]
+    tables = tables.reshape(packed.num_seqs, -1)
     assert tables[0].tolist() == [0, 1, 2, 3, 3]  # clamped to the pool's last block
 
 

@@ -156,9 +156,9 @@ def variants(dt: str = "bf16"):
                                       ((8, 128), True)):  # fmt: skip
         cache = fp8 if kv_fp8 else dt
         kv = {"k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "i32",
-              "seq_lens_ptr": "i32"}  # fmt: skip
+              "seq_lens_ptr": "i32", "seq_order_ptr": "i32"}  # fmt: skip
         block_n, warps, stages = pda.decode_launch(head_dim, kv_fp8)
-        for one_split in (True, False):
+        for one_split, has_order in ((True, True), (True, False), (False, True)):
             yield (
                 pda._decode_split_kernel,
                 {"q_ptr": dt, "out_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32",
@@ -166,7 +166,8 @@ def variants(dt: str = "bf16"):
                 ("qk_scale", "v_scale"),
                 {"GROUP": group, "BLOCK_G": max(16, group), "HEAD_DIM": head_dim,
                  "BLOCK_SIZE": 16, "BLOCK_N": block_n, "NUM_SPLITS_IS_ONE": one_split,
-                 "KV_FP8": kv_fp8, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
+                 "HAS_ORDER": has_order, "KV_FP8": kv_fp8, "UPCAST_DOT": False,
+                 "DOT_PRECISION": "tf32"},
                 warps, stages,
             )  # fmt: skip
         yield (

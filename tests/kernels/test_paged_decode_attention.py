@@ -119,6 +119,33 @@ def test_decode_split_counts_agree():
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_seq_order_changes_only_the_launch_order(num_splits):
+    # programs taking the rows longest first (the engine's order) or in any permutation write
+    # exactly what the identity order writes, every row included
+    seq_lens = [70, 5, 0, 128, 129, 33]
+    g = gen(21)
+    k_cache, v_cache, block_tables = paged_kv(
+        seq_lens, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, g=g
+    )
+    q = randn(len(seq_lens), 4, 64, g=g)
+    lens = int_tensor(seq_lens)
+    outs = []
+    for order in (None, torch.argsort(lens, descending=True), torch.tensor([5, 0, 4, 1, 3, 2])):
+        out = nan_like(q)
+        kw = {} if order is None else {"seq_order": order.to(torch.int32).to(DEVICE)}
+        paged_decode_attention(
+            q, k_cache, v_cache, block_tables, lens, 0.125, max_seq_len=max(seq_lens),
+            num_splits=num_splits, out=out, **kw,
+        )  # fmt: skip
+        assert not out.isnan().any()
+        outs.append(out)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, lens, 0.125)
+    assert_close(outs[0], ref, torch.float32)
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    torch.testing.assert_close(outs[2], outs[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_all_padding_rows(num_splits):
     # a CUDA-graph batch that is all padding: seq_len 0 everywhere, block tables all -1
     g = gen(12)
@@ -297,6 +324,10 @@ def _bad_decode_args(case):
         kw["out"] = torch.empty(2, 4, 64, device=DEVICE, dtype=torch.float16)
     elif case == "q_last_dim_stride":
         q = randn(2, 4, 128, g=g)[..., ::2]
+    elif case == "seq_order_dtype":
+        kw["seq_order"] = torch.tensor([1, 0], device=DEVICE)  # int64
+    elif case == "seq_order_len":
+        kw["seq_order"] = torch.tensor([1, 0, 2], dtype=torch.int32, device=DEVICE)
     return (q, k_cache, v_cache, block_tables, lens, 0.125), kw
 
 
@@ -319,6 +350,8 @@ def _bad_decode_args(case):
         "out_shape",
         "out_dtype",
         "q_last_dim_stride",
+        "seq_order_dtype",
+        "seq_order_len",
     ],
 )
 def test_decode_rejects_bad_inputs(case):
