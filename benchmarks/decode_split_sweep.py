@@ -3,7 +3,8 @@
 # long document among chat rows), every split count, the reduce kernel with one head or one
 # GQA group per program. Each timing is the median of CUDA-event intervals around a CUDA-graph
 # replay of the launcher's kernels (as the engine runs them: no host launch time; a direct call
-# of a short case measures Python) after an L2 flush (prefill_cases.time_ms); every variant is
+# of a short case measures Python) after an L2 flush (prefill_cases.time_ms), the rows launched
+# longest first as the engine launches them; every variant is
 # checked against the torch reference first. What balanced_num_splits picks over the counts the
 # engine captures is shown beside the best, and what the rule before it (longest / mean, counts
 # x1/x4/x16) picked.
@@ -27,9 +28,10 @@ from kernels import paged_decode_attention as pda
 H, HKV, D, BS = 32, 8, 128, 16  # Llama-3.1-8B attention, block 16
 SPLITS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 BATCHES = (1, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+CONTEXTS = (400, 700, 1500, 3000, 8000)  # mean row; rows uniform in [c/2, 3c/2]
 
 
-def shapes(smoke: bool) -> list[tuple[str, list[int]]]:
+def shapes(smoke: bool, batches=BATCHES, contexts=CONTEXTS) -> list[tuple[str, list[int]]]:
     rng = random.Random(0)
     if smoke:
         return [
@@ -37,8 +39,8 @@ def shapes(smoke: bool) -> list[tuple[str, list[int]]]:
             ("B=3 long", [40, 40, 300]),
         ]
     out = []
-    for c in (400, 700, 1500, 3000, 8000):
-        for b in BATCHES:
+    for c in contexts:
+        for b in batches:
             out.append(
                 (
                     f"B={b} U[{c // 2},{3 * c // 2}]",
@@ -70,11 +72,14 @@ def make_inputs(lens: list[int], dtype, device, gen):
 def timed(inputs, lens, splits: int, check: bool) -> float:
     q, kc, vc, table, seq_lens = inputs
     out = torch.full_like(q, float("nan"))
+    # as the engine launches them: rows longest context first (AttentionMetadata.decode_order)
+    order = torch.argsort(seq_lens, descending=True, stable=True).to(torch.int32)
 
     def run():
         pda.paged_decode_attention(
-            q, kc, vc, table, seq_lens, D**-0.5, max_seq_len=max(lens), num_splits=splits, out=out
-        )
+            q, kc, vc, table, seq_lens, D**-0.5, max_seq_len=max(lens), num_splits=splits,
+            out=out, seq_order=order,
+        )  # fmt: skip
 
     run()
     if check:
@@ -110,7 +115,11 @@ def old_pick(lens: list[int]) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--batches", default=None, help="comma-separated (default: all)")
+    ap.add_argument("--contexts", default=None, help="comma-separated mean rows (default: all)")
     args = ap.parse_args()
+    batches = tuple(map(int, args.batches.split(","))) if args.batches else BATCHES
+    contexts = tuple(map(int, args.contexts.split(","))) if args.contexts else CONTEXTS
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -123,7 +132,7 @@ def main() -> None:
         copy_bytes_s = measure_ceilings()["copy_bytes_s"]
     group = H // HKV
     rows = []
-    for label, lens in shapes(smoke):
+    for label, lens in shapes(smoke, batches, contexts):
         inputs = make_inputs(lens, dtype, device, gen)
         kv_bytes = sum(lens) * HKV * D * 2 * inputs[1].element_size()
         useful = max(1, -(-max(lens) // pda.MIN_KEYS_PER_SPLIT))

@@ -16,6 +16,8 @@
 #     runs an online softmax over its range and writes partial (max, sum, acc) in float32;
 #   * a reduce kernel rescales and sums the partials. With num_splits == 1 the split kernel
 #     normalises and writes the output itself and the reduce launch is skipped.
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -278,11 +280,13 @@ MAX_SPLITS = 64  # cap of the automatic choice
 MAX_USER_SPLITS = 256  # cap of an explicit num_splits (the reduce kernel holds all of them)
 MIN_KEYS_PER_SPLIT = 256  # below this a split is mostly launch/reduce overhead
 PROGRAMS_PER_SM = 2  # the split heuristic aims for this many programs per SM
-# balanced_num_splits: ~12 waves of programs, each split >= 400 keys of a mean row; a long row
-# cut so that its ranges are <= 1/3 of a program slot's keys.
-SPREAD_WAVES = 12
+# balanced_num_splits: ~3 waves of programs, each split >= 400 keys of a mean row; a long row
+# cut so that its ranges are <= 1/2.5 of a program slot's keys. (The engine launches the rows
+# longest first, so the last wave is short rows already; before that order the rule needed ~12
+# waves and 1/3.)
+SPREAD_WAVES = 3
 SPREAD_MIN_KEYS = 400
-STRAGGLER_FACTOR = 3
+STRAGGLER_FACTOR = 2.5
 # The reduce kernel: one program per (sequence, a few heads); its [heads, splits, head_dim]
 # float32 tile stays at <= REDUCE_MAX_ROWS rows of head_dim. One head per program made 8,192
 # programs of 2 KB each at batch 256 x 4 splits (0.8 TB/s on the H200).
@@ -331,16 +335,16 @@ def balanced_num_splits(
     """Splits for a batch whose rows differ in length: the largest of
       * choose_num_splits' count (enough programs to fill the GPU at all);
       * enough programs for ~SPREAD_WAVES waves of PROGRAMS_PER_SM per SM, so the programs of
-        uneven rows even out and the last wave is a small share, while a split keeps
-        >= SPREAD_MIN_KEYS keys of a mean row (each range pays the pipeline's start and its
-        share of the reduce);
+        uneven rows even out, while a split keeps >= SPREAD_MIN_KEYS keys of a mean row (each
+        range pays the pipeline's start and its share of the reduce);
       * STRAGGLER_FACTOR x longest / (keys per program slot): a long row's range must be short
         beside what every slot does anyway, or the kernel waits for it.
-    Measured on an H200 (benchmarks/decode_split_sweep.py): batch 256 with nano's rows (uniform
-    in [350, 1050] keys) runs fastest unsplit (0.202 ms a layer; 4 splits 0.216 with the reduce);
-    batch 96 with rows of 2,400 and one of 30,000 needs 16 (0.344 ms; 1 split 1.04). With
-    `candidates` (counts captured in CUDA graphs, ascending): the smallest that reaches the
-    count, else the largest.
+    Assumes the rows launch longest first (seq_order, as the engine passes it). Measured on an
+    H200 (benchmarks/decode_split_sweep.py, rows longest first): from batch 96 to 256 with rows
+    uniform in [c/2, 3c/2] for c = 400 ... 8,000 one split is fastest or within 2 % (batch 128
+    of [350, 1050]: 0.102 ms a layer, 2 splits with the reduce 0.110); batch 96 with rows of
+    2,400 and one of 30,000 needs 16 (0.341 ms; 1 split 0.945). With `candidates` (counts
+    captured in CUDA graphs, ascending): the smallest that reaches the count, else the largest.
     """
     if not seq_lens:
         return candidates[0] if candidates else 1
@@ -352,7 +356,7 @@ def balanced_num_splits(
         max(1, total // num_seqs // SPREAD_MIN_KEYS),
     )
     slot_keys = max(1, total * num_kv_heads // slots)  # keys each program slot walks
-    straggler = triton.cdiv(STRAGGLER_FACTOR * longest, slot_keys)
+    straggler = math.ceil(STRAGGLER_FACTOR * longest / slot_keys)
     useful = max(1, triton.cdiv(longest, MIN_KEYS_PER_SPLIT))  # few rows: nothing to balance
     wanted = min(MAX_SPLITS, max(fill, min(max(spread, straggler), useful)))
     if candidates:
