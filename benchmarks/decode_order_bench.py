@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.decode_split_sweep import HKV, D, make_inputs
-from benchmarks.prefill_cases import time_ms
+from benchmarks.prefill_cases import graph_time_ms
 from kernels import paged_decode_attention as pda
 
 
@@ -45,14 +45,6 @@ def load_module(path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def graph_ms(fn) -> float:
-    fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay)
 
 
 def measure(label: str, lens: list[int], base, gen) -> dict:
@@ -76,7 +68,7 @@ def measure(label: str, lens: list[int], base, gen) -> dict:
                 out=out, **kw,
             )  # fmt: skip
 
-        row[name] = graph_ms(run)
+        row[name] = graph_time_ms(run)
         if reference is None:
             reference = out.clone()
         elif not torch.equal(out, reference):
@@ -85,7 +77,7 @@ def measure(label: str, lens: list[int], base, gen) -> dict:
     mean = sum(lens) // len(lens)
     q, kc, vc, table, seq_lens = make_inputs([mean] * len(lens), torch.bfloat16, "cuda", gen)
     out = torch.empty_like(q)
-    row["equal_lengths"] = graph_ms(
+    row["equal_lengths"] = graph_time_ms(
         lambda: pda.paged_decode_attention(
             q, kc, vc, table, seq_lens, D**-0.5, max_seq_len=mean, num_splits=splits, out=out
         )

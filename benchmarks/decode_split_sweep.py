@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.prefill_cases import time_ms
+from benchmarks.prefill_cases import graph_time_ms
 from kernels import paged_decode_attention as pda
 
 H, HKV, D, BS = 32, 8, 128, 16  # Llama-3.1-8B attention, block 16
@@ -90,12 +90,7 @@ def timed(inputs, lens, splits: int, check: bool) -> float:
         err = ((out[:rows].float() - ref.float()).norm() / ref.float().norm()).item()
         if not err < 2e-2 or out.isnan().any():
             raise AssertionError(f"splits {splits}: rel_l2 {err:.2e} or unwritten rows")
-    if not torch.cuda.is_available():
-        return time_ms(run)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return time_ms(graph.replay)
+    return graph_time_ms(run)
 
 
 def old_pick(lens: list[int]) -> int:

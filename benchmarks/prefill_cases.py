@@ -160,6 +160,25 @@ def time_ms(fn, min_reps: int = 20, min_total_ms: float = 100.0) -> float:
     return float(torch.tensor([s.elapsed_time(e) for s, e in events]).median())
 
 
+def cuda_graph_of(fn) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph, after one eager call (compiles and cuBLAS heuristics run
+    outside the capture)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def graph_time_ms(fn) -> float:
+    """time_ms of fn replayed as a CUDA graph (no host launch time in the figure); without a GPU
+    (interpreter smoke runs) fn itself."""
+    if not torch.cuda.is_available():
+        return time_ms(fn)
+    return time_ms(cuda_graph_of(fn).replay)
+
+
 def flops(shape, dims) -> float:
     """QK^T and PV of n causal chunks of q_len queries after `prefix` cached keys."""
     (n, prefix, q_len), (H, _, D, _) = shape, dims

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.prefill_cases import time_ms
+from benchmarks.prefill_cases import cuda_graph_of, time_ms
 from kernels import skinny_gemm as sg
 
 # llama-3.1-8b, one GPU: (name, N, K)
@@ -100,15 +100,6 @@ def precompile(ms, workers: int) -> None:
     )
 
 
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    fn()  # compile / cuBLAS heuristics outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
 def sweep_shape(name, n, k, ms, copy_bytes_s, gen) -> list[dict]:
     layers = 2 if n * k > 1e8 else LAYERS
     ws = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5
@@ -124,7 +115,7 @@ def sweep_shape(name, n, k, ms, copy_bytes_s, gen) -> list[dict]:
             for w, o in zip(ws, outs):
                 torch.matmul(x, w.T, out=o)
 
-        cublas_ms = time_ms(graph_of(cublas).replay, 10, 30.0) / layers
+        cublas_ms = time_ms(cuda_graph_of(cublas).replay, 10, 30.0) / layers
         results = []
         for cfg in candidates(m, n, k):
             try:
@@ -138,7 +129,7 @@ def sweep_shape(name, n, k, ms, copy_bytes_s, gen) -> list[dict]:
                     for w, o in zip(ws, outs):
                         sg.skinny_gemm(x, w, out=o, config=cfg)
 
-                ms_ = time_ms(graph_of(run).replay, 10, 30.0) / layers
+                ms_ = time_ms(cuda_graph_of(run).replay, 10, 30.0) / layers
                 results.append({"config": cfg_dict(cfg), "ms": ms_})
             except Exception as e:  # a config that does not compile is a result
                 results.append({"config": cfg_dict(cfg), "error": f"{type(e).__name__}: {e}"[:200]})

@@ -201,10 +201,7 @@ class StepGraphs:
         if bs > n:
             self.seq_lens[n:bs].fill_(0)
         if self.query_len == 1:
-            if meta.decode_order is not None:
-                self.decode_order[:n].copy_(meta.decode_order)
-            else:
-                self.decode_order[:n].copy_(self.row_ids[:n])
+            self.decode_order[:n].copy_(meta.decode_order)  # the batch builder's, always set
             if bs > n:
                 self.slot_mapping[n:bs].fill_(-1)
                 self.decode_order[n:bs].copy_(self.row_ids[n:bs])
