@@ -9,7 +9,8 @@
 #   prefill  steps of only new prompt tokens (no decodes) at a few token counts: GPU ms against
 #            the FLOP floor at the measured matmul rate.
 #   python benchmarks/decode_breakdown.py [--model llama-3.1-8b] [--batches 1,32,128,256]
-#       [--context 700] [--parts gemm,decode,prefill] [--json out.json]
+#       [--context 700] [--parts gemm,decode,prefill] [--quantization fp8]
+#       [--kv-cache-dtype fp8] [--json out.json]
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ FAMILIES = (
     ("decode_attn", ("paged_decode", "_decode_kernel", "decode_split", "decode_reduce")),
     ("prefill_attn", ("prefill", "ws_chunk", "prefix_merge")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "cublas", "matmul")),
+    ("fp8_quant", ("quantize_fp8",)),
     ("rms_norm", ("rms_norm",)),
     ("rotary", ("rotary",)),
     ("store_kv", ("store_kv",)),
@@ -157,8 +159,11 @@ def drain(engine) -> None:
 def part_decode(engine, batches: list[int], context: int, steps: int, ceilings: dict) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    cfg = engine.runner.shape
-    kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    from fleetlm.bench.roofline_check import measured_deployment
+    from fleetlm.capacity.roofline import decode_floor
+
+    dep = measured_deployment(engine.config.model, "H200", ceilings, **deployment_dtypes(engine))
+    kv_bytes_per_token = dep.kv_bytes_per_token
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     results = {}
@@ -184,19 +189,23 @@ def part_decode(engine, batches: list[int], context: int, steps: int, ceilings: 
         kernel_ms = sum(fams.values())
         kv_gb = sum(lens) * kv_bytes_per_token / 1e9
         attn_ms = fams.get("decode_attn", float("nan"))
+        floor = decode_floor(dep, bs, sum(lens) / len(lens))
         res = {
             "batch": bs, "mean_context": sum(lens) / len(lens), "gpu_ms_per_step": step_ms,
             "kernel_ms_per_step": kernel_ms, "gap_ms_per_step": step_ms - kernel_ms,
             "families_ms": fams, "kv_gb_per_step": kv_gb,
             "attention_tb_s": kv_gb / attn_ms if attn_ms == attn_ms and attn_ms > 0 else None,
             "kv_floor_ms": 1e3 * kv_gb * 1e9 / ceilings["copy_bytes_s"],
+            "floor_ms": 1e3 * floor.seconds, "of_floor": 1e3 * floor.seconds / step_ms,
+            "weight_floor_ms": 1e3 * floor.weight_bytes / ceilings["copy_bytes_s"],
             "kernels": dict(sorted(table.items(), key=lambda kv: -kv[1]["ms"])[:40]),
         }  # fmt: skip
         results[bs] = res
         log(f"  decode B={bs} ctx~{res['mean_context']:.0f}: GPU {step_ms:.2f} ms/step, "
             f"kernels {kernel_ms:.2f}, gap {res['gap_ms_per_step']:.2f}; "
             + ", ".join(f"{k} {v:.2f}" for k, v in fams.items())
-            + f"; KV {kv_gb:.2f} GB, attention {res['attention_tb_s'] or 0:.2f} TB/s")  # fmt: skip
+            + f"; KV {kv_gb:.2f} GB, attention {res['attention_tb_s'] or 0:.2f} TB/s; "
+            f"floor {res['floor_ms']:.2f} ms ({100 * res['of_floor']:.0f} % of it)")  # fmt: skip
         for name, row in list(res["kernels"].items())[:12]:
             log(f"      {row['ms']:7.3f} ms  x{row['calls']:5.1f}  {row['family']:12s} {name[:90]}")
         drain(engine)
@@ -209,7 +218,7 @@ def part_prefill(engine, token_counts: list[int], prompt_len: int, ceilings: dic
     from fleetlm.bench.roofline_check import measured_deployment
     from fleetlm.capacity.roofline import attention_flops_per_pair, causal_pairs
 
-    dep = measured_deployment(engine.config.model, "H200", ceilings)
+    dep = measured_deployment(engine.config.model, "H200", ceilings, **deployment_dtypes(engine))
     rng = random.Random(1)
     vocab = engine.model_config.vocab_size
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -244,6 +253,15 @@ def part_prefill(engine, token_counts: list[int], prompt_len: int, ceilings: dic
     return results
 
 
+def deployment_dtypes(engine) -> dict[str, str]:
+    """The planner's names for the engine's weight and KV-cache dtypes."""
+    c = engine.config
+    return {
+        "weights_dtype": "fp8" if c.quantization == "fp8" else "bf16",
+        "kv_dtype": "fp8" if c.kv_cache_dtype == "fp8" else "bf16",
+    }
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -263,6 +281,8 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", default="2048,4096,8192")
     ap.add_argument("--prefill-prompt", type=int, default=512)
     ap.add_argument("--parts", default="gemm,decode,prefill")
+    ap.add_argument("--quantization", default=None, choices=["fp8"])
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from fleetlm.bench.roofline_check import measure_ceilings
@@ -281,6 +301,7 @@ def main() -> None:
         EngineConfig(
             model=args.model, max_num_seqs=max(batches), overlap_scheduling=False,
             max_num_batched_tokens=max(4096, *counts),
+            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         )
     )  # fmt: skip
     steps = {

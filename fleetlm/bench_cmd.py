@@ -153,7 +153,7 @@ def _bench(args: argparse.Namespace, engine) -> int:
 
 
 def _nano_roofline(args: argparse.Namespace, engine, reqs, runs: dict) -> dict | None:
-    """On a GPU: the workload's roofline (engine_bench.workload_floor_s) with the copy and bf16
+    """On one GPU: the workload's roofline (engine_bench.workload_floor_s) with the copy and
     matmul ceilings measured now, on this GPU, and each run's output tok/s as a fraction."""
     import statistics
 
@@ -163,20 +163,24 @@ def _nano_roofline(args: argparse.Namespace, engine, reqs, runs: dict) -> dict |
     from fleetlm.bench.roofline_check import measure_ceilings, measured_deployment
     from fleetlm.capacity.gpus import gpu_for_device
 
-    # The bf16 engine on one GPU (the measured matmul ceiling is bf16's).
-    plain = args.quantization is None and args.kv_cache_dtype == "auto"
-    if engine.device.type != "cuda" or args.tensor_parallel_size != 1 or not plain:
+    # One GPU; FP8 weights are held to the measured e4m3 matmul rate, an e4m3 cache to its bytes.
+    if engine.device.type != "cuda" or args.tensor_parallel_size != 1:
         return None
-    ceilings = measure_ceilings(engine.device)
+    fp8 = args.quantization == "fp8"
+    ceilings = measure_ceilings(engine.device, fp8=fp8)
     gpu = gpu_for_device(torch.cuda.get_device_name(engine.device)) or "H100"  # ceilings: ours
-    dep = measured_deployment(args.model, gpu, ceilings)
+    dtypes = {
+        "weights_dtype": "fp8" if fp8 else "bf16",
+        "kv_dtype": "fp8" if args.kv_cache_dtype == "fp8" else "bf16",
+    }
+    dep = measured_deployment(args.model, gpu, ceilings, **dtypes)
     floor = workload_floor_s(dep, reqs, max_batch=args.max_num_seqs)
     bound = floor["roofline_output_tok_s"]
     fractions = {name: r["output_tok_s"] / bound for name, r in runs.items()}
     median = statistics.median(fractions.values())
     print(
         f"roofline {bound:.0f} output tok/s (copy {ceilings['copy_bytes_s'] / 1e12:.2f} TB/s, "
-        f"bf16 matmul {ceilings['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s, measured now): "
+        f"matmul {dep.peak_flops / 1e12:.0f} TFLOP/s {dep.compute_dtype}, measured now): "
         + ", ".join(f"{name} {100 * x:.1f} %" for name, x in fractions.items())
         + (f"; median {100 * median:.1f} %" if len(fractions) > 1 else "")
     )

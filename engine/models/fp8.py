@@ -1,8 +1,9 @@
 # FP8 linear math: per-output-channel weight quantization (at load) and the FP8 matmul of a
-# layer's forward. On Hopper the matmul is torch._scaled_mm over e4m3 operands with
-# float32 accumulation and row-wise scales; elsewhere (the CPU, fp32 models, shapes cuBLAS
-# rejects) fp8_matmul_ref computes the same thing on dequantized values, so CI runs every step
-# up to the matmul itself:
+# layer's forward. On Hopper a decode step's few rows (<= 64) take the split-K skinny GEMM over
+# the e4m3 operands (kernels/skinny_gemm.py: 1.3-1.75x faster than cuBLAS there); more rows take
+# torch._scaled_mm over e4m3 operands with float32 accumulation and row-wise scales;
+# elsewhere (the CPU, fp32 models, shapes cuBLAS rejects) fp8_matmul_ref computes the same thing
+# on dequantized values, so CI runs every step up to the matmul itself:
 #   x: [num_tokens, K] → per-token e4m3 x_q with x_scale [num_tokens, 1] (kernels/fp8_quant.py)
 #   w: [N, K] e4m3 with w_scale [N] float32
 #   y[t, n] = (Σ_k x_q[t, k] · w_q[n, k]) · x_scale[t] · w_scale[n]
@@ -74,11 +75,19 @@ def fp8_linear(
     x2 = x.reshape(-1, shape[-1])
     if x2.is_cuda:
         from kernels.fp8_quant import quantize_fp8
+        from kernels.skinny_gemm import skinny_config, skinny_gemm
 
         x_q, x_scale = quantize_fp8(x2.contiguous(), input_scale, scale_ub)
+        config = skinny_config(x_q, w_q)
     else:
         x_q, x_scale = quantize_fp8_ref(x2, input_scale, scale_ub)
-    if uses_scaled_mm(x2, w_q):
+        config = None
+    if config is not None:
+        # a decode step's few rows: the split-K skinny GEMM streams the e4m3 weight once
+        y = skinny_gemm(
+            x_q, w_q, w_scale=w_scale, x_scale=x_scale, out_dtype=x.dtype, config=config
+        )
+    elif uses_scaled_mm(x2, w_q):
         y = torch._scaled_mm(
             x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale[None, :], out_dtype=x.dtype
         )

@@ -10,10 +10,14 @@ from fleetlm.capacity.plan import make_plan
 from fleetlm.capacity.workloads import get_workload
 
 
-def measure_ceilings(device=None) -> dict:
+def measure_ceilings(device=None, *, fp8: bool = False) -> dict:
     """Copy bandwidth (read + write of 1 GiB buffers, far beyond L2) and the bf16 8192³ matmul
-    rate of a CUDA device, each the median of timed repetitions."""
-    return {"copy_bytes_s": _copy_bytes_s(device), "bf16_matmul_flops": _matmul_flops(device)}
+    rate of a CUDA device, each the median of timed repetitions; with fp8, the e4m3 8192³
+    torch._scaled_mm rate (row-wise scales, as the engine's FP8 layers) too."""
+    ceilings = {"copy_bytes_s": _copy_bytes_s(device), "bf16_matmul_flops": _matmul_flops(device)}
+    if fp8:
+        ceilings["fp8_matmul_flops"] = _fp8_matmul_flops(device)
+    return ceilings
 
 
 def _copy_bytes_s(device) -> float:
@@ -37,13 +41,31 @@ def _matmul_flops(device) -> float:
     return 2 * 8192**3 / (ms * 1e-3)
 
 
+def _fp8_matmul_flops(device) -> float:
+    import torch
+    import triton.testing
+
+    a = torch.randn(8192, 8192, device=device or "cuda").to(torch.float8_e4m3fn)
+    b = torch.randn_like(a, dtype=torch.float32).to(torch.float8_e4m3fn)
+    sa = torch.rand(8192, 1, device=a.device) + 0.5
+    sb = torch.rand(1, 8192, device=a.device) + 0.5
+
+    def mm():
+        return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    ms = triton.testing.do_bench(mm, warmup=50, rep=300, return_mode="median")
+    return 2 * 8192**3 / (ms * 1e-3)
+
+
 def measured_deployment(model, gpu: str, ceilings: dict, **dtypes) -> Deployment:
     """One `gpu` (a fleetlm.capacity GPU name) with measure_ceilings' copy and matmul rates in
-    place of the datasheet's."""
+    place of the datasheet's; FP8 weights take the e4m3 matmul rate when it was measured."""
+    flops = ceilings["bf16_matmul_flops"]
+    if dtypes.get("weights_dtype") == "fp8" and "fp8_matmul_flops" in ceilings:
+        flops = ceilings["fp8_matmul_flops"]
     return Deployment.create(
-        model, f"1x{gpu}", bandwidth_bytes_s=ceilings["copy_bytes_s"],
-        flops=ceilings["bf16_matmul_flops"], **dtypes,
-    )  # fmt: skip
+        model, f"1x{gpu}", bandwidth_bytes_s=ceilings["copy_bytes_s"], flops=flops, **dtypes
+    )
 
 
 def roofline_report(

@@ -77,11 +77,16 @@ def test_decode_reads_fp8_cache_like_the_reference(
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("launch", [None, (128, 4, 2), (32, 8, 4)])
-def test_decode_fp8_launch_choice_keeps_the_result(launch, monkeypatch):
-    # The e4m3 cache's own (keys per tile, warps, stages), as decode_fp8_sweep.py tries them:
-    # the tile changes how a split's range is rounded, never what is computed.
+@pytest.mark.parametrize(
+    ("launch", "widen"),
+    [(None, "q"), ((128, 4, 2), "fp16"), ((32, 8, 4), "fp16_bits"), ((128, 4, 2), "fp16_bits")],
+)
+def test_decode_fp8_launch_choice_keeps_the_result(launch, widen, monkeypatch):
+    # The e4m3 cache's own (keys per tile, warps, stages) and widening, as decode_fp8_sweep.py
+    # tries them: the tile changes how a split's range is rounded, the widening how e4m3 becomes
+    # a dot operand (fp16 bits: exact, times 2^-8 folded into the scales), never the result.
     monkeypatch.setattr(pda, "FP8_LAUNCH", launch)
+    monkeypatch.setattr(pda, "FP8_WIDEN", widen)
     g = gen(57)
     seq_lens = [1, 200, 77, 129]
     k_cache, v_cache, tables = _fp8_cache(seq_lens, num_kv_heads=2, head_dim=64, block_size=16, g=g)

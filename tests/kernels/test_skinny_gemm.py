@@ -123,3 +123,87 @@ def test_skinny_gemm_split_k_replays_in_a_cuda_graph():
         out.fill_(float("nan"))
         graph.replay()
         assert_close(out, sg.skinny_gemm_ref(x, w), torch.bfloat16)
+
+
+def fp8_operands(m: int, n: int, k: int, seed: int = 0):
+    from engine.models.fp8 import quantize_weight
+
+    x, w = operands(m, n, k, torch.float32, seed)
+    w_q, w_scale = quantize_weight(w * 3.0)  # scales far from 1, so a missing one shows
+    return x, w_q, w_scale
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    ("m", "n", "k", "config"),
+    [
+        (3, 64, 256, sg.SkinnyConfig(block_n=64, block_k=64, split_k=1)),
+        (17, 96, 512, sg.SkinnyConfig(block_n=32, block_k=64, split_k=4)),  # ragged N, split
+    ],
+    ids=["m3", "m17_split4_ragged_n"],
+)
+def test_skinny_gemm_fp8_weights_match_reference(x_dtype, m, n, k, config):
+    # W8A16: the e4m3 weight widened in registers, its per-channel scale on the output
+    x, w_q, w_scale = fp8_operands(m, n, k)
+    x = x.to(x_dtype)
+    ref = sg.skinny_gemm_ref(x, w_q, w_scale)
+    for _ in range(2):
+        out = nan_like(ref)
+        sg.skinny_gemm(x, w_q, w_scale=w_scale, out=out, config=config)
+        assert not out.isnan().any()
+        assert_close(out, ref, x_dtype)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_skinny_gemm_fp8_activations_match_reference(split_k):
+    # W8A8: x quantized per row to e4m3, both scales applied to the float32 sum
+    from kernels.fp8_quant import quantize_fp8_ref
+
+    x, w_q, w_scale = fp8_operands(9, 128, 256, seed=3)
+    x_q, x_scale = quantize_fp8_ref(x)
+    ref = sg.skinny_gemm_ref(x_q, w_q, w_scale, x_scale, out_dtype=torch.bfloat16)
+    cfg = sg.SkinnyConfig(block_n=64, block_k=64, split_k=split_k)
+    out = sg.skinny_gemm(
+        x_q, w_q, w_scale=w_scale, x_scale=x_scale, out_dtype=torch.bfloat16, config=cfg
+    )
+    assert out.dtype == torch.bfloat16
+    assert_close(out, ref, torch.bfloat16)
+    # and both are x @ w^T up to e4m3 rounding of x
+    exact = x @ (w_q.float() * w_scale[:, None]).T
+    assert ((out.float() - exact).norm() / exact.norm()).item() < 0.05
+
+
+@pytest.mark.parametrize("case", ["no_w_scale", "stray_scale", "bad_scale_shape", "fp8_x_only"])
+def test_skinny_gemm_fp8_rejects_bad_scales(case):
+    x, w_q, w_scale = fp8_operands(4, 64, 128)
+    kw = {"w_scale": w_scale}
+    w = w_q
+    if case == "no_w_scale":
+        kw = {}
+    elif case == "stray_scale":
+        w = w_q.float()
+    elif case == "bad_scale_shape":
+        kw["w_scale"] = w_scale[:32]
+    elif case == "fp8_x_only":
+        x, w, kw = x.to(torch.float8_e4m3fn), w_q.float(), {"x_scale": torch.ones(4)}
+    with pytest.raises(ValueError):
+        sg.skinny_gemm(x, w, **kw)
+
+
+def test_fp8_default_config_keeps_a_stage_at_16_kb_of_weight():
+    c = sg.default_config(32, 8192, 8192, w_bytes=1)
+    assert c.block_k == 256 and c.block_n * c.block_k == 16384
+    assert sg.default_config(32, 8192, 8192).block_k == 128
+
+
+def test_skinny_config_for_e4m3_operands():
+    x, w_q, _ = fp8_operands(4, 64, 256)
+    x_q = x.to(torch.float8_e4m3fn)
+    if not ON_GPU or torch.cuda.get_device_capability()[0] != 9:
+        assert sg.skinny_config(x_q, w_q) is None  # torch._scaled_mm or the reference
+        return
+    assert sg.skinny_config(x_q, w_q) is not None
+    assert sg.skinny_config(x_q.bfloat16(), w_q) is None  # W8A8 only: x quantized first
+    rows = torch.zeros(sg.FP8_SKINNY_MAX_ROWS + 1, 256, device=DEVICE).to(torch.float8_e4m3fn)
+    assert sg.skinny_config(rows[: sg.FP8_SKINNY_MAX_ROWS], w_q) is not None
+    assert sg.skinny_config(rows, w_q) is None  # torch._scaled_mm from 129 rows
