@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from statistics import NormalDist
 from typing import Any
 
 from fleetlm.capacity.deployment import Deployment
 from fleetlm.capacity.roofline import attention_flops_per_pair, causal_pairs, forward_floor
 from fleetlm.capacity.workloads import Workload
 
-Z95 = NormalDist().inv_cdf(0.95)
+SQRT2 = math.sqrt(2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,16 +151,44 @@ def _mean_step(dep: Deployment, wl: Workload, rate: float, rho: float, p: Engine
     return t
 
 
-def _mixture_p95(mean: float, sigmas: list[tuple[float, float]]) -> float:
-    # The 95th percentile of Σ w·N(mean, σ²), by bisection.
-    top = max(s for _, s in sigmas)
-    if top == 0:
-        return mean
-    lo, hi = mean, mean + 10 * top
-    for _ in range(60):
+def _tpot_p95(wl: Workload, rate: float, t: float, rho: float, prompts, costs) -> float:
+    # A request of o tokens lives τ ≈ o·T. The prefill landing in that window is compound
+    # Poisson, stretched by 1/(1 − ρ) (the time it adds admits more prefill); its TPOT is
+    # T + (that work − its mean) / ((1 − ρ)·o). Short prompts arrive many per window: normal.
+    # Long ones (documents) are few and large: a Poisson count of one moment-matched size
+    # (same mean and variance), since a normal would smear a rare jump into a wide tail.
+    limit = wl.ttft_prompt_tokens
+    short = [(w, s) for (w, n, c), (_, s) in zip(prompts, costs, strict=True) if n + c <= limit]
+    long = [(w, s) for (w, n, c), (_, s) in zip(prompts, costs, strict=True) if n + c > limit]
+    short_var = rate * sum(w * s * s for w, s in short)  # per second of window
+    long_rate = rate * sum(w for w, _ in long)
+    long_mean = sum(w * s for w, s in long) / max(sum(w for w, _ in long), 1e-300)
+    long_second = sum(w * s * s for w, s in long) / max(sum(w for w, _ in long), 1e-300)
+    jump = long_second / long_mean if long else 0.0
+    jumps_per_s = long_rate * long_mean / jump if long else 0.0
+    classes = []  # (weight, o, Poisson mean of jumps in the window, sd of the short part)
+    for w, o in wl.output_mix():
+        window = o * t
+        classes.append((w, o, jumps_per_s * window, math.sqrt(short_var * window)))
+
+    def above(x: float) -> float:  # P(TPOT > x) over requests
+        total = 0.0
+        for w, o, lam, sd in classes:
+            scale = (1 - rho) * o
+            pk = math.exp(-lam)
+            for k in range(int(lam + 8 * math.sqrt(lam) + 8)):
+                excess = (x - t) * scale - (k - lam) * jump  # seconds of window
+                tail = 0.5 * math.erfc(excess / (sd * SQRT2)) if sd else float(excess < 0)
+                total += w * pk * tail
+                pk *= lam / (k + 1)
+        return total
+
+    lo, hi = t, t + 1.0
+    while above(hi) > 0.05:
+        hi += hi - t
+    for _ in range(32):
         mid = (lo + hi) / 2
-        below = sum(w * NormalDist(mean, s).cdf(mid) if s else w for w, s in sigmas)
-        lo, hi = (mid, hi) if below < 0.95 else (lo, mid)
+        lo, hi = (mid, hi) if above(mid) > 0.05 else (lo, mid)
     return hi
 
 
@@ -211,7 +238,6 @@ def forecast_at(
     prompts = wl.prompt_mix()
     costs = [(w, prefill_seconds(dep, n, c, profile)) for w, n, c in prompts]
     mean_p = sum(w * s for w, s in costs)
-    second_p = sum(w * s * s for w, s in costs)
     rho = rate * mean_p
     t = _mean_step(dep, wl, rate, rho, profile) if rho < 1 else None
     out = wl.mean_output_tokens
@@ -220,11 +246,7 @@ def forecast_at(
         return ForecastPoint(rate, rate * out, rate * wl.new_input_tokens, inf, inf, mean_p,
                              min(rho, 1.0), inf, inf, inf, inf, "throughput")  # fmt: skip
     batch = rate * out * t
-    # A request of o tokens lives ≈ o·T; the prefill landing in that window is compound
-    # Poisson (variance r·E[P²]·window), stretched by 1/(1 − ρ) because the time it adds
-    # admits more prefill. Its TPOT is the window over o.
-    var_per_token = rate * second_p * t / (1 - rho) ** 2
-    tpot_p95 = _mixture_p95(t, [(w, math.sqrt(var_per_token / o)) for w, o in wl.output_mix()])
+    tpot_p95 = _tpot_p95(wl, rate, t, rho, prompts, costs)
     ttft_p95 = _ttft_p95(dep, wl, rate, t, prompts, costs, profile)
     held = running_context_tokens(wl) - wl.cached_input_tokens
     kv_used = batch * held + min(batch, wl.shared_prefixes) * wl.cached_input_tokens
