@@ -94,6 +94,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="decode attention reads a shared prefix's KV once per step",
     )
     eng.add_argument(
+        "--paced-long-prompts",
+        action="store_true",
+        help="long prompts prefilled at a bounded share of every step, not slice after slice",
+    )
+    eng.add_argument(
         "--chunk-tokens",
         type=int,
         default=d.chunk_tokens,
@@ -153,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
             step_overhead_s=args.step_overhead_ms * 1e-3,
             shared_prefix_decode=args.shared_prefix_decode,
             chunk_tokens=args.chunk_tokens,
+            paced_long_prompts=args.paced_long_prompts,
         )
         workload = get_workload(args.workload).with_overrides(
             ttft_target_s=_scaled(args.ttft_ms, 1e-3),

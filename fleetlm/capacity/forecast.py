@@ -40,6 +40,10 @@ class EngineProfile:
     step_overhead_s: float = 0.0  # per decode step, beyond bytes / bandwidth
     shared_prefix_decode: bool = False  # a shared prefix's KV read once per step, not per row
     chunk_tokens: int = 2048  # a long prompt's slice per step (EngineConfig.long_prefill_chunk)
+    # Long prompts prefilled at a bounded share of every step (issue 35's step-cost rule)
+    # instead of slice after slice: their work still counts, but it no longer lands on a few
+    # requests' lives as a lump, nor holds short prompts behind a long step.
+    paced_long_prompts: bool = False
 
     def __post_init__(self) -> None:
         for name in ("decode_efficiency", "prefill_efficiency", "prefill_attention_efficiency"):
@@ -151,7 +155,7 @@ def _mean_step(dep: Deployment, wl: Workload, rate: float, rho: float, p: Engine
     return t
 
 
-def _tpot_p95(wl: Workload, rate: float, t: float, rho: float, prompts, costs) -> float:
+def _tpot_p95(wl: Workload, rate: float, t: float, rho: float, prompts, costs, paced) -> float:
     # A request of o tokens lives τ ≈ o·T. The prefill landing in that window is compound
     # Poisson, stretched by 1/(1 − ρ) (the time it adds admits more prefill); its TPOT is
     # T + (that work − its mean) / ((1 − ρ)·o). Short prompts arrive many per window: normal.
@@ -160,6 +164,7 @@ def _tpot_p95(wl: Workload, rate: float, t: float, rho: float, prompts, costs) -
     limit = wl.ttft_prompt_tokens
     short = [(w, s) for (w, n, c), (_, s) in zip(prompts, costs, strict=True) if n + c <= limit]
     long = [(w, s) for (w, n, c), (_, s) in zip(prompts, costs, strict=True) if n + c > limit]
+    long = [] if paced else long
     short_var = rate * sum(w * s * s for w, s in short)  # per second of window
     long_rate = rate * sum(w for w, _ in long)
     long_mean = sum(w * s for w, s in long) / max(sum(w for w, _ in long), 1e-300)
@@ -205,7 +210,7 @@ def _ttft_p95(dep, wl, rate, t, prompts, costs, profile: EngineProfile) -> float
     short_w = sum(w for w, _ in short)
     own = sum(w * s for w, s in short) / short_w if short_w else 0.0
     rho_long, big = 0.0, 0.0
-    if long:
+    if long and not profile.paced_long_prompts:
         long_w = sum(w for w, _ in long)
         mean_long = sum(w * n for w, n in long) / long_w
         chunk = min(profile.chunk_tokens, mean_long)
@@ -246,7 +251,7 @@ def forecast_at(
         return ForecastPoint(rate, rate * out, rate * wl.new_input_tokens, inf, inf, mean_p,
                              min(rho, 1.0), inf, inf, inf, inf, "throughput")  # fmt: skip
     batch = rate * out * t
-    tpot_p95 = _tpot_p95(wl, rate, t, rho, prompts, costs)
+    tpot_p95 = _tpot_p95(wl, rate, t, rho, prompts, costs, profile.paced_long_prompts)
     ttft_p95 = _ttft_p95(dep, wl, rate, t, prompts, costs, profile)
     held = running_context_tokens(wl) - wl.cached_input_tokens
     kv_used = batch * held + min(batch, wl.shared_prefixes) * wl.cached_input_tokens

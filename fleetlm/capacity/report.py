@@ -183,7 +183,8 @@ def _profile_note(plan: Plan) -> str:
     )
     if p.step_overhead_s:
         note += f", +{secs(p.step_overhead_s)} per step"
-    return note + (", shared prefixes read once" if p.shared_prefix_decode else "")
+    note += ", shared prefixes read once" if p.shared_prefix_decode else ""
+    return note + (", long prompts paced" if p.paced_long_prompts else "")
 
 
 def _forecast_rows(plan: Plan) -> list[Row]:

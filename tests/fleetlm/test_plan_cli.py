@@ -106,6 +106,9 @@ def test_engine_flags_move_the_forecast_not_the_floor(capsys):
     base = run_json(capsys)
     slow = run_json(capsys, "--decode-efficiency", "0.5", "--prefill-efficiency", "0.5")
     shared = run_json(capsys, "--shared-prefix-decode")
+    paced = run_json(capsys, "--paced-long-prompts")
+    assert paced["forecast"]["profile"]["paced_long_prompts"] is True
+    assert paced["forecast"]["rate_req_s"] > base["forecast"]["rate_req_s"]
     assert slow["forecast"]["rate_req_s"] < base["forecast"]["rate_req_s"]
     assert shared["forecast"]["rate_req_s"] > base["forecast"]["rate_req_s"]
     assert shared["forecast"]["profile"]["shared_prefix_decode"] is True

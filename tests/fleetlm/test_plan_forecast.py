@@ -154,6 +154,19 @@ def test_fp8_kv_halves_the_kv_part_of_a_decode_step():
     assert rate(fp8) > rate(bf16)
 
 
+def test_pacing_long_prompts_spreads_their_work_without_removing_it():
+    dep = dep70b()
+    kv = memory_plan(dep, SEED).kv_tokens
+    lump, paced = EngineProfile(), EngineProfile(paced_long_prompts=True)
+    a, b = forecast_at(dep, SEED, 1.5, kv, lump), forecast_at(dep, SEED, 1.5, kv, paced)
+    assert b.prefill_share == a.prefill_share and b.tpot_mean_s == a.tpot_mean_s
+    assert b.tpot_p95_s < a.tpot_p95_s and b.ttft_p95_s < a.ttft_p95_s
+    assert rate(dep, paced_long_prompts=True) > rate(dep)
+    # Without long prompts there is nothing to pace.
+    chat = dataclasses.replace(SEED, long_prompt_fraction=0.0)
+    assert rate(dep, chat, paced_long_prompts=True) == rate(dep, chat)
+
+
 @pytest.mark.parametrize(
     ("change", "direction"),
     [
