@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from fleetlm.capacity.deployment import Deployment
-from fleetlm.capacity.forecast import EngineProfile
+from fleetlm.capacity.forecast import EngineProfile, forecast, forecast_at
+from fleetlm.capacity.memory import memory_plan
 from fleetlm.capacity.plan import make_plan
 from fleetlm.capacity.workloads import get_workload
 
@@ -132,3 +133,28 @@ def roofline_line(report: dict) -> str:
     if ratios:
         line += "; measured ÷ forecast " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
     return line
+
+
+def forecast_at_rates(
+    model: str,
+    gpu: str,
+    ceilings: dict,
+    rates: list[float],
+    workload: str = "seed",
+    *,
+    weights_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    profile: EngineProfile | None = None,
+) -> dict:
+    """The plan's forecast for one `gpu` with the measured ceilings, and its operating point
+    at each rate, to set beside runs at those rates (`fleetlm bench engine --workload seed`)."""
+    wl = get_workload(workload)
+    dep = measured_deployment(model, gpu, ceilings, weights_dtype=weights_dtype, kv_dtype=kv_dtype)
+    kv = memory_plan(dep, wl).kv_tokens
+    return {
+        "gpu": gpu,
+        "ceilings": ceilings,
+        "forecast": forecast(dep, wl, kv, profile).to_dict(),
+        "at_rate": {str(r): forecast_at(dep, wl, r, kv, profile or EngineProfile()).to_dict()
+                    for r in rates},
+    }  # fmt: skip

@@ -1,7 +1,7 @@
 # Goodput against the serving roofline of ceilings measured in the run (bench/roofline_check.py).
 import pytest
 
-from fleetlm.bench.roofline_check import roofline_line, roofline_report
+from fleetlm.bench.roofline_check import forecast_at_rates, roofline_line, roofline_report
 from fleetlm.capacity.deployment import Deployment
 from fleetlm.capacity.gpus import gpu_for_device
 from fleetlm.capacity.plan import make_plan
@@ -71,3 +71,12 @@ def test_a_measured_fp8_matmul_rate_is_used_for_fp8_weights():
     assert "fp8 1165 TFLOP/s" in roofline_line(
         roofline_report("llama-3.1-70b", "H200", with_fp8, {}, **kw)
     )
+
+
+def test_runs_at_fixed_rates_get_the_forecasts_operating_point_at_each():
+    ceilings = {"copy_bytes_s": 4.24e12, "bf16_matmul_flops": 675e12}
+    report = forecast_at_rates("llama-3.1-8b", "H200", ceilings, [8.0, 12.0, 40.0])
+    low, mid, past = (report["at_rate"][k] for k in ("8.0", "12.0", "40.0"))
+    assert low["tpot_p95_s"] < mid["tpot_p95_s"] and low["violated"] is None
+    assert past["violated"] == "throughput"
+    assert 8.0 < report["forecast"]["rate_req_s"] < 40.0
