@@ -155,20 +155,26 @@ def _mean_step(dep: Deployment, wl: Workload, rate: float, rho: float, p: Engine
     return t
 
 
-def _tpot_p95(wl: Workload, rate: float, t: float, rho: float, prompts, costs, paced) -> float:
+Priced = list[tuple[float, float, float, float]]  # (share, uncached, cached, prefill seconds)
+
+
+def _by_length(wl: Workload, priced: Priced) -> tuple[Priced, Priced]:
+    # The prompts the TTFT target covers (chat turns) and the longer ones (documents).
+    limit = wl.ttft_prompt_tokens
+    return [x for x in priced if x[1] + x[2] <= limit], [x for x in priced if x[1] + x[2] > limit]
+
+
+def _tpot_p95(wl: Workload, rate: float, t: float, rho: float, short, long) -> float:
     # A request of o tokens lives τ ≈ o·T. The prefill landing in that window is compound
     # Poisson, stretched by 1/(1 − ρ) (the time it adds admits more prefill); its TPOT is
     # T + (that work − its mean) / ((1 − ρ)·o). Short prompts arrive many per window: normal.
     # Long ones (documents) are few and large: a Poisson count of one moment-matched size
     # (same mean and variance), since a normal would smear a rare jump into a wide tail.
-    limit = wl.ttft_prompt_tokens
-    short = [(w, s) for (w, n, c), (_, s) in zip(prompts, costs, strict=True) if n + c <= limit]
-    long = [(w, s) for (w, n, c), (_, s) in zip(prompts, costs, strict=True) if n + c > limit]
-    long = [] if paced else long
-    short_var = rate * sum(w * s * s for w, s in short)  # per second of window
-    long_rate = rate * sum(w for w, _ in long)
-    long_mean = sum(w * s for w, s in long) / max(sum(w for w, _ in long), 1e-300)
-    long_second = sum(w * s * s for w, s in long) / max(sum(w for w, _ in long), 1e-300)
+    short_var = rate * sum(w * s * s for w, _, _, s in short)  # per second of window
+    long_w = sum(w for w, _, _, _ in long)
+    long_rate = rate * long_w
+    long_mean = sum(w * s for w, _, _, s in long) / max(long_w, 1e-300)
+    long_second = sum(w * s * s for w, _, _, s in long) / max(long_w, 1e-300)
     jump = long_second / long_mean if long else 0.0
     jumps_per_s = long_rate * long_mean / jump if long else 0.0
     classes = []  # (weight, o, Poisson mean of jumps in the window, sd of the short part)
@@ -197,22 +203,19 @@ def _tpot_p95(wl: Workload, rate: float, t: float, rho: float, prompts, costs, p
     return hi
 
 
-def _ttft_p95(dep, wl, rate, t, prompts, costs, profile: EngineProfile) -> float:
+def _ttft_p95(dep, wl, rate, t, short, long, profile: EngineProfile) -> float:
     # Prompts under the target's length are scheduled first, so they wait for the step in
     # flight and then run in the next one. While a long prompt is being prefilled (a share
     # ρ_long of the time) every step carries one of its chunks: a step of S = (decodes +
     # chunk) / (1 − the short prompts arriving meanwhile). Otherwise a step is the mean T
     # plus the prompt's own prefill. Either way TTFT = residual + step = step·(1 + U), U
     # uniform; the p95 is taken over the mixture of the two states.
-    limit = wl.ttft_prompt_tokens
-    short = [(w, s) for (w, n, c), (_, s) in zip(prompts, costs, strict=True) if n + c <= limit]
-    long = [(w, n) for w, n, c in prompts if n + c > limit]
-    short_w = sum(w for w, _ in short)
-    own = sum(w * s for w, s in short) / short_w if short_w else 0.0
+    short_w = sum(w for w, _, _, _ in short)
+    own = sum(w * s for w, _, _, s in short) / short_w if short_w else 0.0
     rho_long, big = 0.0, 0.0
     if long and not profile.paced_long_prompts:
-        long_w = sum(w for w, _ in long)
-        mean_long = sum(w * n for w, n in long) / long_w
+        long_w = sum(w for w, _, _, _ in long)
+        mean_long = sum(w * n for w, n, _, _ in long) / long_w
         chunk = min(profile.chunk_tokens, mean_long)
         # A chunk attends to the cached prefix plus, on average, half of the prompt before it.
         cached = wl.cached_input_tokens + mean_long / 2
@@ -220,7 +223,7 @@ def _ttft_p95(dep, wl, rate, t, prompts, costs, profile: EngineProfile) -> float
         arriving = min(0.9, rate * short_w * own)
         big = (decode_step_seconds(dep, wl, rate * wl.mean_output_tokens * t, profile)
                + slice_s) / (1 - arriving)  # fmt: skip
-        steps = sum(w * math.ceil(n / profile.chunk_tokens) for w, n in long)
+        steps = sum(w * math.ceil(n / profile.chunk_tokens) for w, n, _, _ in long)
         rho_long = min(1.0, rate * steps * big)
 
     def above(x: float) -> float:  # P(TTFT > x)
@@ -240,9 +243,8 @@ def forecast_at(
 ) -> ForecastPoint:
     if rate <= 0:
         raise ValueError("rate must be positive")
-    prompts = wl.prompt_mix()
-    costs = [(w, prefill_seconds(dep, n, c, profile)) for w, n, c in prompts]
-    mean_p = sum(w * s for w, s in costs)
+    priced = [(w, n, c, prefill_seconds(dep, n, c, profile)) for w, n, c in wl.prompt_mix()]
+    mean_p = sum(w * s for w, _, _, s in priced)
     rho = rate * mean_p
     t = _mean_step(dep, wl, rate, rho, profile) if rho < 1 else None
     out = wl.mean_output_tokens
@@ -251,8 +253,10 @@ def forecast_at(
         return ForecastPoint(rate, rate * out, rate * wl.new_input_tokens, inf, inf, mean_p,
                              min(rho, 1.0), inf, inf, inf, inf, "throughput")  # fmt: skip
     batch = rate * out * t
-    tpot_p95 = _tpot_p95(wl, rate, t, rho, prompts, costs, profile.paced_long_prompts)
-    ttft_p95 = _ttft_p95(dep, wl, rate, t, prompts, costs, profile)
+    short, long = _by_length(wl, priced)
+    paced = profile.paced_long_prompts
+    tpot_p95 = _tpot_p95(wl, rate, t, rho, short, [] if paced else long)
+    ttft_p95 = _ttft_p95(dep, wl, rate, t, short, long, profile)
     held = running_context_tokens(wl) - wl.cached_input_tokens
     kv_used = batch * held + min(batch, wl.shared_prefixes) * wl.cached_input_tokens
     violated = (
