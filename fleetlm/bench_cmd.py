@@ -127,6 +127,7 @@ def _bench(args: argparse.Namespace, engine) -> int:
             f"prefix hits {r['prefix_hit_rate']:.2f}, preemptions {r['preemptions']}"
         )
     roofline = _nano_roofline(args, engine, reqs, runs) if args.workload == "nano" else None
+    forecast = _seed_forecast(args, engine, runs) if args.workload == "seed" else None
     for name, r in runs.items():
         plain = runs.get(name.removesuffix("+overlap"))
         if name.endswith("+overlap") and plain is not None:
@@ -144,7 +145,8 @@ def _bench(args: argparse.Namespace, engine) -> int:
                                                      "tensor_parallel_size", "overlap",
                                                      "detokenize")}  # fmt: skip
             json.dump({"model": args.model, "workload": args.workload, "engine": config,
-                       "runs": runs, "roofline": roofline}, f, indent=2)  # fmt: skip
+                       "runs": runs, "roofline": roofline, "forecast": forecast},
+                      f, indent=2)  # fmt: skip
     bad = [n for r in runs.values() for n in r["unexpected_finishes"]]
     if bad:
         print(f"fleetlm bench: {len(bad)} requests ended unexpectedly: {bad[:5]}", file=sys.stderr)
@@ -167,7 +169,7 @@ def _nano_roofline(args: argparse.Namespace, engine, reqs, runs: dict) -> dict |
     if engine.device.type != "cuda" or args.tensor_parallel_size != 1:
         return None
     fp8 = args.quantization == "fp8"
-    ceilings = measure_ceilings(engine.device, fp8=fp8)
+    ceilings = measure_ceilings(engine.device)
     gpu = gpu_for_device(torch.cuda.get_device_name(engine.device)) or "H100"  # ceilings: ours
     dtypes = {
         "weights_dtype": "fp8" if fp8 else "bf16",
@@ -185,6 +187,47 @@ def _nano_roofline(args: argparse.Namespace, engine, reqs, runs: dict) -> dict |
         + (f"; median {100 * median:.1f} %" if len(fractions) > 1 else "")
     )
     return {"ceilings": ceilings, **floor, "fraction": fractions, "median_fraction": median}
+
+
+def _seed_forecast(args: argparse.Namespace, engine, runs: dict) -> dict | None:
+    """On one GPU: `fleetlm plan`'s forecast for seed with the ceilings measured now, and each
+    Poisson run's TPOT and TTFT p95 over the forecast's at its rate (measured ÷ plan)."""
+    import torch
+
+    from fleetlm.bench.roofline_check import forecast_at_rates, measure_ceilings
+    from fleetlm.capacity.gpus import gpu_for_device
+
+    timed = {name: r for name, r in runs.items() if r.get("rate_req_s")}
+    if engine.device.type != "cuda" or args.tensor_parallel_size != 1 or not timed:
+        return None
+    gpu = gpu_for_device(torch.cuda.get_device_name(engine.device)) or "H100"
+    report = forecast_at_rates(
+        args.model, gpu, measure_ceilings(engine.device),
+        sorted({r["rate_req_s"] for r in timed.values()}),
+        weights_dtype="fp8" if args.quantization == "fp8" else "bf16",
+        kv_dtype="fp8" if args.kv_cache_dtype == "fp8" else "bf16",
+    )  # fmt: skip
+    f = report["forecast"]
+    print(
+        f"forecast (1x{gpu}, ceilings measured now): {f['rate_req_s']:.2f} req/s at the "
+        f"targets, limited by {f['limited_by']}"
+    )
+    report["measured_over_forecast"] = {}
+    for name, r in timed.items():
+        at = report["at_rate"][str(r["rate_req_s"])]
+        tpot, ttft = r["tpot_s"]["p95"], r["ttft_s"]["p95"]
+        if at["violated"] == "throughput":  # past the forecast's saturation: no latency
+            report["measured_over_forecast"][name] = None
+            print(f"  {name}: past the forecast's saturation")
+            continue
+        ratios = {"tpot_p95": tpot / at["tpot_p95_s"], "ttft_p95": ttft / at["ttft_p95_s"]}
+        report["measured_over_forecast"][name] = ratios
+        print(
+            f"  {name}: TPOT p95 {1e3 * tpot:.1f} ms, forecast {1e3 * at['tpot_p95_s']:.1f} "
+            f"(x{ratios['tpot_p95']:.2f}); TTFT p95 {ttft:.3f} s, forecast "
+            f"{at['ttft_p95_s']:.3f} (x{ratios['ttft_p95']:.2f})"
+        )
+    return report
 
 
 def _fit(reqs, max_model_len: int) -> None:

@@ -318,26 +318,21 @@ def _machine() -> dict:
 
 
 def _add_roofline(args, result: dict, sweeps: dict) -> None:
-    """Goodput against the serving roofline of the ceilings the engine sweep measured."""
+    """Goodput against the serving floor and the forecast, at the ceilings the engine sweep
+    measured."""
     engine = sweeps.get("engine", {})
     if "ceilings" not in engine or engine.get("gpu") is None or args.traffic != "seed":
         return
-    from fleetlm.bench.roofline_check import roofline_report
+    from fleetlm.bench.roofline_check import roofline_line, roofline_report
 
     dep = engine["deployment"]
     goodput = {name: s["goodput_output_tok_s"] for name, s in sweeps.items()}
     result["roofline"] = report = roofline_report(
         dep["model"], engine["gpu"], engine["ceilings"], goodput, args.traffic,
         weights_dtype=dep["weights_dtype"], kv_dtype=dep["kv_dtype"],
+        goodput_rate={name: s["goodput_rate"] for name, s in sweeps.items()},
     )  # fmt: skip
-    c = engine["ceilings"]
-    print(
-        f"roofline (1x{engine['gpu']}, copy {c['copy_bytes_s'] / 1e12:.2f} TB/s, bf16 "
-        f"{c['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s measured now): "
-        f"{report['roofline_output_tok_s']:,.0f} output tok/s (datasheet "
-        f"{report['datasheet_roofline_output_tok_s']:,.0f}); goodput "
-        + ", ".join(f"{k} {v:.0%}" for k, v in report["goodput_fraction"].items())
-    )
+    print(roofline_line(report))
 
 
 def _print_summary(sweeps: dict, comparison: dict | None) -> None:

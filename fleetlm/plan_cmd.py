@@ -11,6 +11,7 @@ from fleetlm.capacity import (
     GPUS,
     WORKLOADS,
     Deployment,
+    EngineProfile,
     Prices,
     Reserve,
     get_workload,
@@ -24,8 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "plan",
         help="GPU memory, latency floors, throughput and cost for a model on a replica",
-        description="Capacity arithmetic for one tensor-parallel replica. Every latency is a "
-        "lower bound from bytes moved and FLOPs done, not a measurement.",
+        description="Capacity arithmetic for one tensor-parallel replica: floors from bytes "
+        "moved and FLOPs done, and a forecast of what an engine at measured efficiencies "
+        "serves under the targets (docs/capacity.md).",
     )
     dtypes = sorted(DTYPE_BYTES)
     p.add_argument("--model", required=True, help=f"preset ({', '.join(PRESETS)}) or HF dir")
@@ -38,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hw = p.add_argument_group("measured hardware (per GPU; replaces the datasheet figure)")
     hw.add_argument("--bandwidth", type=float, metavar="TB/s", help="sustained HBM bandwidth")
     hw.add_argument("--flops", type=float, metavar="TFLOP/s", help="sustained dense matmul rate")
+    hw.add_argument("--fp8-flops", type=float, metavar="TFLOP/s", help="sustained FP8 matmul rate")
     hw.add_argument("--memory", type=float, metavar="GB", help="usable memory")
 
     res = p.add_argument_group("memory reserve (per GPU)")
@@ -58,6 +61,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     at.add_argument("--batch", type=int, help="decode batch (default: what the KV pool holds)")
     at.add_argument("--context", type=int, help="decode context (default: workload mean)")
     at.add_argument("--prompt-tokens", type=int, help="prefill prompt (default: TTFT target's)")
+
+    d = EngineProfile()
+    eng = p.add_argument_group("the engine the forecast assumes (defaults: measured, H200)")
+    eng.add_argument(
+        "--decode-efficiency",
+        type=float,
+        default=d.decode_efficiency,
+        help="decode step's share of its bandwidth floor (default %(default)s)",
+    )
+    eng.add_argument(
+        "--prefill-efficiency",
+        type=float,
+        default=d.prefill_efficiency,
+        help="prompt matmuls' share of the matmul peak (default %(default)s)",
+    )
+    eng.add_argument(
+        "--prefill-attention-efficiency",
+        type=float,
+        default=d.prefill_attention_efficiency,
+        help="prompt attention's share of the 16-bit peak (default %(default)s)",
+    )
+    eng.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        default=d.step_overhead_s * 1e3,
+        help="fixed cost per decode step (default %(default)s)",
+    )
+    eng.add_argument(
+        "--shared-prefix-decode",
+        action="store_true",
+        help="decode attention reads a shared prefix's KV once per step",
+    )
+    eng.add_argument(
+        "--paced-long-prompts",
+        action="store_true",
+        help="long prompts prefilled at a bounded share of every step, not slice after slice",
+    )
+    eng.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=d.chunk_tokens,
+        help="a long prompt's slice per step (default %(default)s)",
+    )
 
     slo = p.add_argument_group("targets (default: the workload's)")
     slo.add_argument("--ttft-ms", type=float)
@@ -103,6 +149,16 @@ def run(args: argparse.Namespace) -> int:
             bandwidth_bytes_s=_scaled(args.bandwidth, 1e12),
             flops=_scaled(args.flops, 1e12),
             memory_bytes=_scaled(args.memory, 1e9),
+            fp8_flops=_scaled(args.fp8_flops, 1e12),
+        )
+        profile = EngineProfile(
+            decode_efficiency=args.decode_efficiency,
+            prefill_efficiency=args.prefill_efficiency,
+            prefill_attention_efficiency=args.prefill_attention_efficiency,
+            step_overhead_s=args.step_overhead_ms * 1e-3,
+            shared_prefix_decode=args.shared_prefix_decode,
+            chunk_tokens=args.chunk_tokens,
+            paced_long_prompts=args.paced_long_prompts,
         )
         workload = get_workload(args.workload).with_overrides(
             ttft_target_s=_scaled(args.ttft_ms, 1e-3),
@@ -119,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
             context=args.context,
             prompt_tokens=args.prompt_tokens,
             target_output_tok_s=args.target_tok_s,
+            profile=profile,
         )
     except ValueError as e:
         print(f"fleetlm plan: error: {e}", file=sys.stderr)

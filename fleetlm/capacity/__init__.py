@@ -2,6 +2,14 @@
 # divide by. Pure Python on model shapes; importing it never loads torch.
 from fleetlm.capacity.cost import Economics, Prices, economics
 from fleetlm.capacity.deployment import DTYPE_BYTES, Deployment, dtype_bytes
+from fleetlm.capacity.forecast import (
+    EngineProfile,
+    Forecast,
+    ForecastPoint,
+    forecast,
+    forecast_at,
+    prefill_seconds,
+)
 from fleetlm.capacity.gpus import GPUS, GpuSpec, get_gpu, parse_gpus
 from fleetlm.capacity.memory import DoesNotFit, MemoryPlan, Reserve, memory_plan
 from fleetlm.capacity.plan import Plan, make_plan
@@ -27,7 +35,10 @@ __all__ = [
     "Deployment",
     "DoesNotFit",
     "Economics",
+    "EngineProfile",
     "Floor",
+    "Forecast",
+    "ForecastPoint",
     "GpuSpec",
     "MemoryPlan",
     "Plan",
@@ -41,6 +52,8 @@ __all__ = [
     "decode_step_floor_s",
     "dtype_bytes",
     "economics",
+    "forecast",
+    "forecast_at",
     "forward_floor",
     "get_gpu",
     "get_workload",
@@ -51,6 +64,7 @@ __all__ = [
     "plan_table",
     "prefill_floor",
     "prefill_floor_s",
+    "prefill_seconds",
     "roofline_decode_tok_s",
     "roofline_prefill_tok_s",
     "steady_step",

@@ -48,12 +48,16 @@ class Deployment:
         bandwidth_bytes_s: float | None = None,
         flops: float | None = None,
         memory_bytes: float | None = None,
+        fp8_flops: float | None = None,
     ) -> Deployment:
         """The constructor benchmarks use: measured per-GPU figures override the datasheet."""
         cfg = model if isinstance(model, ModelConfig) else resolve_model_config(model)
         gpu, count = parse_gpus(gpus)
         gpu = gpu.measured(
-            memory_bytes=memory_bytes, bandwidth_bytes_s=bandwidth_bytes_s, flops=flops
+            memory_bytes=memory_bytes,
+            bandwidth_bytes_s=bandwidth_bytes_s,
+            flops=flops,
+            fp8_flops=fp8_flops,
         )
         return cls(cfg, gpu, count, weights_dtype, kv_dtype)
 

@@ -37,27 +37,31 @@ class GpuSpec:
         memory_bytes: float | None = None,
         bandwidth_bytes_s: float | None = None,
         flops: float | None = None,
+        fp8_flops: float | None = None,
     ) -> GpuSpec:
         """The same part with measured figures in place of the datasheet's.
 
-        `flops` replaces the peak at every precision: a benchmark measures the one it runs at.
+        `flops` replaces the peak at every precision (a benchmark measures the one it runs
+        at); `fp8_flops`, when measured too, then replaces the FP8 one.
         """
         changes: dict[str, float] = {}
+        what: list[str] = []
         if memory_bytes is not None:
             changes["memory_bytes"] = memory_bytes
+            what.append("memory")
         if bandwidth_bytes_s is not None:
             changes["bandwidth_bytes_s"] = bandwidth_bytes_s
+            what.append("bandwidth")
         if flops is not None:
             changes["bf16_flops"] = changes["fp8_flops"] = flops
+            what.append("FLOP/s")
+        if fp8_flops is not None and self.fp8_flops is not None:
+            changes["fp8_flops"] = fp8_flops
+            what.append("FP8 FLOP/s")
         if not changes:
             return self
-        labels = {
-            "memory_bytes": "memory",
-            "bandwidth_bytes_s": "bandwidth",
-            "bf16_flops": "FLOP/s",
-        }
-        what = ", ".join(labels[k] for k in changes if k in labels)
-        return replace(self, **changes, source=f"{self.source}; measured: {what}")
+        measured = ", ".join(what)
+        return replace(self, **changes, source=f"{self.source}; measured: {measured}")
 
 
 GPUS: dict[str, GpuSpec] = {

@@ -1,5 +1,6 @@
 # The whole sizing for one replica on one workload: memory, the decode and prefill floors,
-# the best serving point under the targets, and what it costs. `fleetlm plan` prints this.
+# the serving floor under the targets, the forecast (what an engine at measured efficiencies
+# serves under them), and what that costs. `fleetlm plan` prints this.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -7,6 +8,7 @@ from typing import Any
 
 from fleetlm.capacity.cost import Economics, Prices, economics
 from fleetlm.capacity.deployment import Deployment
+from fleetlm.capacity.forecast import EngineProfile, Forecast, forecast
 from fleetlm.capacity.memory import MemoryPlan, Reserve, memory_plan
 from fleetlm.capacity.roofline import Floor, decode_floor, prefill_floor
 from fleetlm.capacity.serving import ServingPoint, best_serving_point
@@ -26,8 +28,9 @@ class Plan:
     prompt_tokens: int
     prefill: Floor
     prefill_cached: Floor | None  # the same prompt with the workload's prefix-cache hit
-    serving: ServingPoint
-    economics: Economics
+    serving: ServingPoint  # the floor: no engine serves more under the targets
+    forecast: Forecast  # what an engine at the profile's efficiencies serves
+    economics: Economics  # at the forecast
 
     def to_dict(self) -> dict[str, Any]:
         dep, m = self.deployment, self.deployment.model
@@ -66,7 +69,8 @@ class Plan:
                 "ttft_s": self.prefill.seconds,
                 "prefix_cached": self.prefill_cached.to_dict() if self.prefill_cached else None,
             },
-            "serving": self.serving.to_dict(),
+            "serving": self.serving.to_dict(),  # the floor
+            "forecast": self.forecast.to_dict(),
             "economics": self.economics.to_dict(),
         }
 
@@ -81,6 +85,7 @@ def make_plan(
     context: int | None = None,
     prompt_tokens: int | None = None,
     target_output_tok_s: float | None = None,
+    profile: EngineProfile | None = None,
 ) -> Plan:
     reserve = reserve or Reserve()
     mem = memory_plan(dep, workload, reserve)
@@ -90,6 +95,7 @@ def make_plan(
     prompt_tokens = prompt_tokens or workload.ttft_prompt_tokens
     cached = prompt_tokens * workload.prefix_shared_fraction
     serving = best_serving_point(dep, workload, mem.kv_tokens)
+    expected = forecast(dep, workload, mem.kv_tokens, profile)
     return Plan(
         deployment=dep,
         workload=workload,
@@ -105,8 +111,9 @@ def make_plan(
             prefill_floor(dep, prompt_tokens, cached) if 0 < cached <= prompt_tokens - 1 else None
         ),
         serving=serving,
+        forecast=expected,
         economics=economics(
-            serving.output_tok_s,
+            expected.output_tok_s,
             dep.num_gpus,
             mean_input_tokens=workload.mean_input_tokens,
             mean_output_tokens=workload.mean_output_tokens,

@@ -213,9 +213,10 @@ def test_infeasible_serving_point():
     assert point.output_tok_s == 0
 
 
-def test_economics():
+def test_economics_are_at_the_forecast_not_the_floor():
     plan = make_plan(brief(), SEED, prices=Prices(gpu_hour=2.5, utilisation=0.6))
-    e, tok_s = plan.economics, plan.serving.output_tok_s
+    e, tok_s = plan.economics, plan.forecast.output_tok_s
+    assert 0 < tok_s < plan.serving.output_tok_s
     assert e.output_tokens_per_gpu_hour == pytest.approx(tok_s * 3600 / 4)
     assert e.cost_per_m_output == pytest.approx(2.5 * 4 / (tok_s * 3600 * 0.6) * 1e6)
     assert e.replicas_for_target == math.ceil(8000 / tok_s)

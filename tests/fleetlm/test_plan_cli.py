@@ -80,13 +80,44 @@ def test_table_renders(capsys):
         "bandwidth-bound",
         "PREFILL",
         "compute-bound",
-        "SERVING",
+        "SERVING FLOOR",
         "limited by KV capacity",
+        "FORECAST",
+        "TPOT mean / p95",
         "COST",
         "cost per 1M output tokens",
         "hosted API cheaper below",
     ):
         assert needle in text, needle
+
+
+def test_json_carries_the_floor_and_the_forecast(capsys):
+    out = run_json(capsys)
+    floor, f = out["serving"], out["forecast"]
+    assert 0 < f["output_tok_s"] < floor["output_tok_s"]
+    assert f["output_tok_s"] == pytest.approx(f["rate_req_s"] * 400)
+    assert f["limited_by"] and f["best"]["tpot_p95_s"] <= 0.040
+    assert f["best"]["ttft_p95_s"] <= 0.8 and 0 < f["best"]["prefill_share"] < 1
+    assert f["profile"]["decode_efficiency"] == 0.75 and not f["profile"]["shared_prefix_decode"]
+    assert out["economics"]["output_tok_s_per_replica"] == pytest.approx(f["output_tok_s"])
+
+
+def test_engine_flags_move_the_forecast_not_the_floor(capsys):
+    base = run_json(capsys)
+    slow = run_json(capsys, "--decode-efficiency", "0.5", "--prefill-efficiency", "0.5")
+    shared = run_json(capsys, "--shared-prefix-decode")
+    paced = run_json(capsys, "--paced-long-prompts")
+    assert paced["forecast"]["profile"]["paced_long_prompts"] is True
+    assert paced["forecast"]["rate_req_s"] > base["forecast"]["rate_req_s"]
+    assert slow["forecast"]["rate_req_s"] < base["forecast"]["rate_req_s"]
+    assert shared["forecast"]["rate_req_s"] > base["forecast"]["rate_req_s"]
+    assert shared["forecast"]["profile"]["shared_prefix_decode"] is True
+    assert slow["serving"] == base["serving"] == shared["serving"]
+    fast_fp8 = run_json(capsys, "--fp8-flops", "3000")
+    assert fast_fp8["replica"]["peak_flops"] == pytest.approx(4 * 3000e12)
+    assert fast_fp8["forecast"]["rate_req_s"] > base["forecast"]["rate_req_s"]
+    assert cli.main([*BRIEF, "--decode-efficiency", "1.5"]) == 2
+    assert "decode_efficiency" in capsys.readouterr().err
 
 
 def test_errors_exit_2(capsys):
