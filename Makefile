@@ -6,13 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test lint format bench-cpu clean serve
 
+# pip's own output shows the progress: a first install takes a few minutes.
 $(STAMP): pyproject.toml
+	@echo "fleetlm: installing the Python environment in $(VENV) (first run, ~3 min)..."
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install --upgrade pip
 	# CPU build of torch from local disk first, so nothing pulls a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0 triton==3.6.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install torch==2.13.0 triton==3.6.0
+	$(BIN)/pip install -e '.[dev]'
 	touch $(STAMP)
+	@echo "fleetlm: Python environment ready in $(VENV) (source $(BIN)/activate puts fleetlm on PATH)"
 
 install: $(STAMP)
 

@@ -1,8 +1,12 @@
 # `fleetlm celery worker` / `fleetlm celery beat`: the batch control plane (workers/celery_app.py)
-# against the configured Redis and Postgres, or a running `fleetlm serve`'s (--data-dir).
+# against the configured Redis and Postgres, or a running `fleetlm serve`'s (--data-dir). It logs
+# through service/logging_setup.py like every other fleetlm process (FLEETLM_LOG_FORMAT/LEVEL),
+# with Celery's per-task lines at DEBUG and no start-up banner.
 from __future__ import annotations
 
 import argparse
+import os
+import warnings
 from pathlib import Path
 
 
@@ -23,10 +27,23 @@ def run(args: argparse.Namespace) -> int:
     redis_url, database_url = resolve_urls(settings, args.data_dir)
     settings = settings.model_copy(update={"redis_url": redis_url, "database_url": database_url})
 
-    from service.celery_app import app, configure
+    from celery.exceptions import SecurityWarning
+    from celery.signals import setup_logging
 
+    from service.celery_app import app, configure
+    from service.logging_setup import configure_logging
+
+    @setup_logging.connect  # a receiver replaces Celery's own logging set-up
+    def _logging(**_: object) -> None:
+        configure_logging(f"celery-{args.role}", settings.log_format, settings.log_level)
+
+    if os.geteuid() == 0:
+        # Celery warns whenever it runs as root, for fear of pickled messages running code as
+        # root; this app accepts JSON only (service/celery_app.py), so the warning has nothing to
+        # prevent. Root is `fleetlm serve` in a container; the images run as an unprivileged user.
+        warnings.filterwarnings("ignore", ".*superuser privileges", SecurityWarning)
     configure(settings, redis_url)
-    argv = [args.role, "--loglevel", "INFO"]
+    argv = ["--quiet", args.role, "--loglevel", settings.log_level.upper()]
     if args.role == "worker":
         from workers import batch_tasks  # registers the tasks on the app
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetlm import serve_progress as progress
 from fleetlm.api_processes import ApiListeners, num_api_processes, open_listeners
 from fleetlm.worker_cmd import add_engine_flags, engine_flag_values
 
@@ -227,12 +228,18 @@ def _children(
     return children, workers
 
 
-def _supervise(children: list[Child], services: EmbeddedServices, stop: StopRequest) -> int:
+def _supervise(
+    children: list[Child],
+    services: EmbeddedServices,
+    stop: StopRequest,
+    milestones: progress.Milestones,
+) -> int:
     """Restarts a child or an embedded service that dies, until told to stop (0) or one keeps
-    dying (1)."""
+    dying (1); says when Celery is up and when the first worker is live."""
     service_restarts: dict[str, list[float]] = {}
     while not stop.requested:
         time.sleep(0.2)
+        milestones.poll()
         try:
             restarted = services.restart_dead()
         except Exception as exc:  # a restart that failed is tried again next tick
@@ -265,6 +272,21 @@ def _supervise(children: list[Child], services: EmbeddedServices, stop: StopRequ
     return 0
 
 
+def _start_services(services: EmbeddedServices, settings: Settings, data_dir: Path) -> None:
+    """The embedded Redis and Postgres where no URL is set, one line each."""
+    if settings.redis_url:
+        progress.say("Redis: REDIS_URL")
+    else:
+        with progress.part(f"Redis (embedded, {data_dir / 'redis'})"):
+            services.start(redis=True, postgres=False)
+    if settings.database_url:
+        progress.say("Postgres: DATABASE_URL")
+    else:
+        first = "" if (data_dir / "postgres").exists() else "; a first start creates it"
+        with progress.part(f"Postgres (embedded, {data_dir / 'postgres'}{first})"):
+            services.start(redis=False, postgres=True)
+
+
 def run(args: argparse.Namespace) -> int:
     from fleetlm.migrate_cmd import upgrade
     from service.embedded import EmbeddedServices
@@ -276,10 +298,11 @@ def run(args: argparse.Namespace) -> int:
     children: list[Child] = []
     api: ApiListeners | None = None
     try:
-        services.start(redis=not settings.redis_url, postgres=not settings.database_url)
+        _start_services(services, settings, data_dir)
         redis_url = settings.redis_url or services.redis_url
         database_url = settings.database_url or services.database_url
-        upgrade(database_url)
+        with progress.part("migrations", done="applied"):
+            upgrade(database_url)
         key = ensure_demo_key(database_url, data_dir)
         ensure_demo_key(database_url, data_dir, tenant="operator", admin=True)
 
@@ -296,16 +319,18 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise SystemExit(f"fleetlm serve: cannot listen on {settings.port}: {exc}") from None
         children, workers = _children(args, settings, env, api)
+        progress.say(f"starting {api.num_processes} API process(es), {workers}")
+        progress.say("starting the Celery worker and beat (batch jobs) and the metering writer")
         for child in children:
             child.start()
         base = f"http://{settings.host}:{settings.port}"
         _wait_healthy(base, children[0], timeout_s=120)
-        print(f"fleetlm: serving {settings.model_name} at {base}/v1", flush=True)
-        print(f"fleetlm: API key {key} (also in {data_dir / 'demo-key'})", flush=True)
-        print(f"fleetlm: admin key in {data_dir / 'operator-key'}", flush=True)
-        print(f"fleetlm: {api.num_processes} API process(es) on the port", flush=True)
-        print(f"fleetlm: {workers}; Ctrl-C stops everything", flush=True)
-        return _supervise(children, services, stop)
+        progress.say(f"API up: serving {settings.model_name} at {base}/v1 (/health answers)")
+        progress.say(f"API key {key} (also in {data_dir / 'demo-key'})")
+        progress.say(f"admin key in {data_dir / 'operator-key'}")
+        pidfiles = [data_dir / f"celery-{role}.pid" for role in ("worker", "beat")]
+        milestones = progress.Milestones([progress.celery_up(pidfiles), progress.ready(base)])
+        return _supervise(children, services, stop, milestones)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,6 +1,7 @@
 # `fleetlm tenants create|list|limits|keys|create-key|revoke-key`: tenant administration against
 # the configured Postgres or a running `fleetlm serve`'s embedded one (--data-dir). A key is
-# printed once, at creation; only its hash is stored.
+# printed once, at creation; only its hash is stored. The key goes alone to stdout, so
+# `KEY=$(fleetlm tenants create acme)` captures it, and the note about it to stderr.
 from __future__ import annotations
 
 import argparse
@@ -91,8 +92,10 @@ def _print_key(tenant: str, key: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"tenant": tenant, "api_key": key}))
     else:
-        print(f"tenant {tenant}: API key {key}")
-        print("store it now: it is not shown again (only its hash is kept)", file=sys.stderr)
+        note = "store it now: it is not shown again (only its hash is kept)"
+        # The note first: on a terminal the two read in order.
+        print(f"tenant {tenant}: a new API key; {note}", file=sys.stderr, flush=True)
+        print(key, flush=True)
 
 
 def create(args: argparse.Namespace) -> int:

@@ -21,6 +21,9 @@ def configure(settings: Settings, redis_url: str) -> Celery:
         broker_url=redis_url,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": settings.celery_visibility_timeout_s},
+        # JSON only: a message can never carry code (fleetlm/celery_cmd.py relies on it).
+        accept_content=["json"],
+        task_serializer="json",
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,

@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +92,7 @@ class EmbeddedServices:
         _wait_for_redis(self.redis_url, timeout_s=20.0)
 
     def _start_postgres(self) -> None:
+        ensure_runtime_dir()  # before pgserver's import reads it
         import pgserver
 
         pgdata = (self.data_dir / "postgres").resolve()
@@ -129,6 +132,20 @@ class EmbeddedServices:
                 self._redis_proc.kill()
                 self._redis_proc.wait()
         self._redis_proc = None
+
+
+def ensure_runtime_dir() -> None:
+    """pgserver keeps its lock file in the user's runtime directory (platformdirs), which warns on
+    every start when XDG_RUNTIME_DIR is unset (no login session: containers, su, services). Give
+    it one the way the XDG spec wants: owned by this user, mode 0700."""
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return  # the session's own, or the operator's choice
+    path = Path(tempfile.gettempdir()) / f"fleetlm-runtime-{os.geteuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.is_symlink() or path.stat().st_uid != os.geteuid():
+        return  # someone else's: leave platformdirs to fall back (and say so)
+    path.chmod(0o700)
+    os.environ["XDG_RUNTIME_DIR"] = str(path)
 
 
 def _socket_dir(database_url: str | None) -> Path:

@@ -1,7 +1,9 @@
 # Logging for every fleetlm process: text for people, or one JSON object per line for log
 # pipelines (FLEETLM_LOG_FORMAT=json). Request-scoped fields (request_id, tenant_id, ...) come from
 # a log call's `extra` or from the request context the API sets, so one request id can be followed
-# API → worker → metering writer.
+# API → worker → metering writer. At the default level (INFO) a line is something an operator acts
+# on or wants to see once (a process ready, a request's end, an outage); the libraries' routine
+# chatter (HOUSEKEEPING) shows only at DEBUG.
 from __future__ import annotations
 
 import contextvars
@@ -17,6 +19,11 @@ request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 # LogRecord's own attributes; anything else on a record came from `extra`.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+# Loggers whose INFO is routine: Celery's per task "received" / "succeeded" (the beat's
+# `sweep-batches` every batch_sweep_s, a batch's pumps), the beat's "Sending due task", the
+# broker connection and start-up lines. Their warnings and errors (a failed task) still show.
+HOUSEKEEPING = ("celery", "kombu")
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -70,6 +77,9 @@ def configure_logging(process: str, fmt: str = "text", level: str = "INFO") -> N
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    quiet = logging.WARNING if root.getEffectiveLevel() > logging.DEBUG else logging.NOTSET
+    for name in HOUSEKEEPING:
+        logging.getLogger(name).setLevel(quiet)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         lg = logging.getLogger(name)
         lg.handlers.clear()

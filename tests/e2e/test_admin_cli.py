@@ -4,6 +4,8 @@ import json
 import subprocess
 import uuid
 
+import httpx
+
 from tests.e2e.conftest import CLI, ROOT
 from tests.e2e.test_usage import complete
 
@@ -83,3 +85,18 @@ def test_tenant_names_have_a_charset_and_a_length(server):
         assert "invalid tenant name" in out.stderr and "Traceback" not in out.stderr, out.stderr
     listed = {r["tenant"] for r in json.loads(server.cli("tenants", "list", "--json"))}
     assert not {n for n in listed if n != n.strip() or not n}
+
+
+def test_tenants_create_prints_the_key_alone_on_stdout(server):
+    """`KEY=$(fleetlm tenants create NAME)` keeps the key; the note about it goes to stderr."""
+    out = subprocess.run(
+        [*CLI, "tenants", "create", _name("cap"), "--data-dir", str(server.data_dir)],
+        env=server.env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    key = out.stdout.strip()
+    assert out.stdout == key + "\n" and key.startswith("flm-")
+    assert "store it now" in out.stderr and key not in out.stderr
+    auth = {"Authorization": f"Bearer {key}"}
+    r = httpx.get(server.base_url + "/v1/models", headers=auth, timeout=30)
+    assert r.status_code == 200, r.text  # the captured key is the key
