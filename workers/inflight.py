@@ -24,6 +24,10 @@ class Inflight:
     confirmed_tokens: int = 0
     cached_tokens: int | None = None  # resumed: the prompt tokens the first run found cached
     cancel_delivered: int | None = None  # the client went away after receiving this many
+    # Its API process's lease (workers/client_leases.py): the tokens it last said the client
+    # was sent, and since when (worker clock) the lease has been seen missing.
+    lease_delivered: int = 0
+    lease_missing_since: float | None = None
     final: ErrorEvent | None = None  # ended by the worker itself (drain, shutdown, outage)
 
     @property
