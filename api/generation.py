@@ -151,7 +151,11 @@ async def _stream(
             if kind == "error":
                 ended = event.get("worker") is not None  # else the relay gave up: tell the worker
                 if text:
-                    yield sse(fmt.chunk(text, None))
+                    yield sse(content(text))
+                if usage.include_usage or usage.continuous:
+                    # What is billed: the worker's usage on its error, else (the relay gave
+                    # up) the tokens delivered, which the cancel below tells the worker.
+                    yield sse(fmt.usage_chunk(usage.final()))
                 yield sse(event_error(event).body())
                 break
             ended = True
