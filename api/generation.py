@@ -12,6 +12,7 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from api.client_leases import Lease
 from api.drain import Drain
 from api.metrics import ADMISSIONS, REJECTIONS, ROUTED
 from api.relay import relay_events
@@ -51,22 +52,30 @@ async def generate(
     tenant = principal.tenant_name
     # Drain, load (503 with Retry-After), limits (429 with x-ratelimit-* headers), then the
     # queue; all before any byte.
+    lease: Lease | None = None
     try:
         try:
             drain.check()
-            await state.shedder.admit(state.redis, queued)
-            headers = await reserve(state, principal, queued)
-            try:
-                target = await enqueue(state.redis, state, queued, state.shedder.routes)
-            except APIError:
-                await release(state, queued)
-                raise
-        except UNREACHABLE as exc:
+            # Bounded as a whole: the API's Redis client waits longer than the timeout for a
+            # reply (its relay reads block), and a paused Redis must still get a prompt 503.
+            async with asyncio.timeout(state.settings.redis_timeout_s):
+                await state.shedder.admit(state.redis, queued)
+                headers = await reserve(state, principal, queued)
+                try:
+                    lease = await state.leases.open(queued.request_id)
+                    queued.leased = True
+                    target = await enqueue(state.redis, state, queued, state.shedder.routes)
+                except APIError:
+                    await release(state, queued)
+                    raise
+        except (*UNREACHABLE, TimeoutError) as exc:
             # It may have been reserved, or even enqueued, before Redis stopped answering:
             # once it is back, a cancel drops the entry and the slot is released.
             _in_background(_forget(state, queued))
             raise redis_unavailable(state.settings.unavailable_retry_after_s) from exc
     except APIError as exc:
+        if lease is not None:
+            state.leases.close(lease)
         reason = exc.type if exc.status == 429 else (exc.code or exc.type)
         REJECTIONS.labels(tenant, queued.priority, str(exc.status), reason).inc()
         raise
@@ -86,24 +95,26 @@ async def generate(
     if stream:
         usage = ChunkUsage(include_usage, continuous_usage, len(queued.prompt_token_ids))
         peer = attach_peer(request.scope)
-        body = _stream(peer, state, queued.request_id, fmt, usage, drain)
+        body = _stream(peer, state, lease, fmt, usage, drain)
         headers["cache-control"] = "no-cache"
-        return EventStreamResponse(body, peer, headers)
+        return EventStreamResponse(body, peer, headers, on_close=lambda: state.leases.close(lease))
     drain.opened()
     try:
         return await _collect(request, state, queued.request_id, fmt, headers, drain)
     finally:
         drain.closed()
+        state.leases.close(lease)
 
 
 async def _stream(
     peer: Peer,
     state: AppState,
-    request_id: str,
+    lease: Lease,
     fmt: Formatter,
     usage: ChunkUsage,
     drain: Drain,
 ) -> AsyncIterator[str]:
+    request_id = lease.request_id
     ended = False  # reached an end the worker wrote: nothing to cancel
     delivered = 0  # output tokens whose text was handed to the client
     # Counted from the first chunk: a body never iterated must not hold a drain open.
@@ -135,12 +146,16 @@ async def _stream(
                     await asyncio.sleep(0)
                     if peer.gone:
                         break
-                delivered = event["completion_tokens"]
+                delivered = lease.delivered = event["completion_tokens"]
                 continue
             if kind == "error":
                 ended = event.get("worker") is not None  # else the relay gave up: tell the worker
                 if text:
-                    yield sse(fmt.chunk(text, None))
+                    yield sse(content(text))
+                if usage.include_usage or usage.continuous:
+                    # What is billed: the worker's usage on its error, else (the relay gave
+                    # up) the tokens delivered, which the cancel below tells the worker.
+                    yield sse(fmt.usage_chunk(usage.final()))
                 yield sse(event_error(event).body())
                 break
             ended = True

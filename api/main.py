@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from api import body_limits, errors, openapi
 from api import metrics as metrics_routes
 from api.auth import KeyVerifier
+from api.client_leases import ClientLeases
 from api.drain import Drain
 from api.load_shedding import LoadShedder
 from api.routes import (
@@ -75,10 +76,12 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
                 if settings.relay_mux
                 else None
             ),
+            leases=ClientLeases(redis, settings),
         )
         try:
             yield
         finally:
+            await app.state.fleetlm.leases.aclose()
             if app.state.fleetlm.mux is not None:
                 await app.state.fleetlm.mux.aclose()
             await redis.aclose()

@@ -8,7 +8,8 @@
 # - Redis unreachable: it keeps reading with back-off and ends the request with
 #   `redis_unavailable` once Redis has been away for redis_outage_s;
 # - the API's drain deadline (api/drain.py) ends it with `shutdown`.
-# A stream silent for sse_keepalive_s yields a keep-alive, so the client always hears something.
+# A stream silent for sse_keepalive_s yields a keep-alive, so the client always hears something,
+# also while a Redis command hangs on a paused Redis (the relay never waits past a keep-alive).
 # Reads go through the process's StreamMux (api/stream_mux.py: one XREAD for every relayed
 # stream) when one is given, else straight to Redis.
 # Events the relay makes itself carry no "worker": the worker still has to learn the request
@@ -95,53 +96,90 @@ async def _relay(
     liveness = Liveness(settings)
     outage_since: float | None = None
     backoff = Backoff(cap_s=settings.relay_poll_s)
-    block_ms = max(1, int(settings.relay_poll_s * 1000))
+    block_s = max(0.001, settings.relay_poll_s)
     last_yield = time.monotonic()
-    while True:
-        if deadline_passed():
-            yield error_event("The server is shutting down; the request was stopped.", "shutdown")
-            return
-        now = time.monotonic()
-        if now - last_yield >= settings.sse_keepalive_s:
-            last_yield = now
-            yield KEEPALIVE
-        gone = None
-        try:
-            if subscription is not None:
-                response = await subscription.read(block_ms / 1000, count=512)
-            else:
-                response = await redis.xread({key: last_id}, count=512, block=block_ms)
-            if not response:
-                gone = await _nobody_running(redis, follower, liveness)
-        except UNREACHABLE:
-            if outage_since is None:
-                outage_since = now
-            elif now - outage_since > settings.redis_outage_s:
-                yield _outage_error(settings)
+    # The read (or liveness check) in flight. The relay never waits on it past the next
+    # keep-alive: a paused Redis holds a command for the whole socket timeout
+    # (FLEETLM_REDIS_TIMEOUT_S), and the client must still hear something every
+    # sse_keepalive_s; the same command is waited on again after the keep-alive.
+    pending: asyncio.Task | None = None
+    try:
+        while True:
+            if deadline_passed():
+                yield error_event(
+                    "The server is shutting down; the request was stopped.", "shutdown"
+                )
                 return
-            await asyncio.sleep(backoff.next_s())
-            continue
-        if outage_since is not None:
-            # Every heartbeat lapsed meanwhile: judge liveness afresh from here.
-            outage_since = None
-            backoff.reset()
-            liveness.ok()
-        if not response:
-            if gone is not None:
-                yield gone
-                return
-            continue
-        for _, entries in response:
-            for entry_id, fields in entries:
-                last_id = entry_id
-                event: Event = decode_event(fields)
-                if not follower.accept(event):
-                    continue
-                liveness.ok()
-                last_yield = time.monotonic()
-                yield event
-                if event["type"] in FINAL_EVENTS:
+            try:
+                if pending is None and subscription is not None and subscription.ready:
+                    # The hot path under load: entries the mux already read, no task needed.
+                    response, gone = await subscription.read(0, count=512), None
+                else:
+                    if pending is None:
+                        pending = asyncio.ensure_future(
+                            _poll(redis, key, last_id, subscription, block_s, follower, liveness)
+                        )
+                    wait_s = max(0.0, last_yield + settings.sse_keepalive_s - time.monotonic())
+                    done, _ = await asyncio.wait({pending}, timeout=wait_s)
+                    if not done:
+                        last_yield = time.monotonic()
+                        yield KEEPALIVE
+                        continue
+                    task, pending = pending, None
+                    response, gone = task.result()
+            except UNREACHABLE:
+                now = time.monotonic()
+                if outage_since is None:
+                    outage_since = now
+                elif now - outage_since > settings.redis_outage_s:
+                    yield _outage_error(settings)
                     return
+                await asyncio.sleep(backoff.next_s())  # at most relay_poll_s
+                continue
+            if outage_since is not None:
+                # Every heartbeat lapsed meanwhile: judge liveness afresh from here.
+                outage_since = None
+                backoff.reset()
+                liveness.ok()
+            if not response:
+                if gone is not None:
+                    yield gone
+                    return
+                continue
+            for _, entries in response:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    event: Event = decode_event(fields)
+                    if not follower.accept(event):
+                        continue
+                    liveness.ok()
+                    last_yield = time.monotonic()
+                    yield event
+                    if event["type"] in FINAL_EVENTS:
+                        return
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()  # (redis-py drops the connection of a command cancelled mid-way)
+
+
+async def _poll(
+    redis: Redis,
+    key: str,
+    last_id: str,
+    subscription: Subscription | None,
+    block_s: float,
+    follower: OutputFollower,
+    liveness: Liveness,
+) -> tuple[list, ErrorEvent | None]:
+    """One read of the stream after `last_id`; after a quiet one, whether anybody still runs
+    the request (the error to end with, else None)."""
+    if subscription is not None:
+        response = await subscription.read(block_s, count=512)
+    else:
+        response = await redis.xread({key: last_id}, count=512, block=int(block_s * 1000))
+    if response:
+        return response, None
+    return response, await _nobody_running(redis, follower, liveness)
 
 
 async def _nobody_running(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import StreamingResponse
-from starlette.types import Receive
+from starlette.types import Receive, Scope, Send
 
 _MARK = "\x00fleetlm-text\x00"  # no request id, model name or finish reason contains a NUL
 _QUOTED_MARK = json.dumps(_MARK)
@@ -74,9 +74,23 @@ class EventStreamResponse(StreamingResponse):
     """text/event-stream whose body can ask `peer.gone` after each chunk instead of awaiting a
     receive: Starlette's disconnect listener already waits on one for the whole response."""
 
-    def __init__(self, content: Any, peer: Peer, headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        content: Any,
+        peer: Peer,
+        headers: dict[str, str],
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(content, media_type="text/event-stream", headers=headers)
         self.peer = peer
+        self.on_close = on_close  # called once the response is over, even if the body never ran
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
 
     async def listen_for_disconnect(self, receive: Receive) -> None:
         try:

@@ -8,6 +8,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import KeyVerifier
+from api.client_leases import ClientLeases
 from api.load_shedding import LoadShedder
 from api.stream_mux import StreamMux
 from service.schemas.models import ModelCard
@@ -25,3 +26,4 @@ class AppState:
     tokenizer: object  # engine.tokenizer.Tokenizer | ByteTokenizer
     model_card: ModelCard
     mux: StreamMux | None  # one XREAD for all the output streams this process relays
+    leases: ClientLeases  # the relayed requests' leases, which tell workers this process lives

@@ -35,6 +35,11 @@ class Subscription:
         self.error: BaseException | None = None
         self.waiter: asyncio.Future | None = None
 
+    @property
+    def ready(self) -> bool:
+        """A read would return entries at once."""
+        return bool(self.entries) and self.error is None
+
     async def read(self, timeout_s: float, count: int = 512) -> list[tuple[str, list]]:
         """Like XREAD on this one stream: [(key, [(entry_id, fields), ...])], or [] when
         nothing came within timeout_s. Raises the reader's Redis error, once."""

@@ -22,6 +22,10 @@ class OutputFollower:
     num_tokens: int = 0  # output tokens delivered (the position reached)
     token_ids: list[int] = field(default_factory=list)  # those tokens, in order
     cached_tokens: int | None = None  # the first run's cached prompt tokens, once known
+    # The first run's first-token and first-scheduled times (wall clock), once known: what a
+    # worker resuming the request bills its latency from (the client saw that first token).
+    first_token_time: float | None = None
+    scheduled_time: float | None = None
     finished: bool = False
 
     def accept(self, event: Event) -> bool:
@@ -43,6 +47,8 @@ class OutputFollower:
                 return False  # a retried round trip's copy
             if self.cached_tokens is None and "cached_tokens" in event:
                 self.cached_tokens = event["cached_tokens"]
+                self.first_token_time = event.get("first_token_time")
+                self.scheduled_time = event.get("scheduled_time")
             self.num_tokens = event["completion_tokens"]
             self.token_ids += event.get("token_ids", [])
         elif kind in FINAL_EVENTS:

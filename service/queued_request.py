@@ -44,6 +44,9 @@ class QueuedRequest:
     # What admission added to the queue's token counter (streams.queued_tokens_key): the worker
     # that reads the entry takes the same amount off.
     queued_tokens: int = 0
+    # The API process relaying it keeps its lease (streams.lease_key) while the client is
+    # connected; the batch runner's requests have none.
+    leased: bool = False
 
     def encode(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -155,6 +155,11 @@ class Settings(BaseSettings):
     database_timeout_s: float = 2.0  # API: a key lookup waits this long for Postgres
     api_key_stale_s: float = 3600.0  # a verified key keeps working this long while Postgres is away
     sse_keepalive_s: float = 2.0  # an SSE comment after this long without an event
+    # An API process rewrites the lease of every request it relays this often; a lease not
+    # rewritten for api_lease_ttl_s (the process died) stops its request, billed what the
+    # lease last said the client was sent (docs/operations.md#api-process-death).
+    api_lease_refresh_s: float = Field(0.5, gt=0)
+    api_lease_ttl_s: float = Field(3.0, gt=0)
     max_queue_wait_s: float = 10.0  # interactive: shed (503) when the predicted wait is longer
     batch_max_queue_wait_s: float = 10.0  # flex (batch priority), which also waits on interactive
     load_refresh_s: float = 0.5  # how often an API process re-reads the queues' load

@@ -15,6 +15,10 @@
 #                                   the API's load shedding reads it)
 #   fleetlm:cancel:{request_id}     string set by the API when the client goes away (expires):
 #                                   "n=<tokens>" when it knows how many tokens the client got
+#   fleetlm:lease:{request_id}      string the API process relaying the request rewrites while its
+#                                   client is connected ("n=<tokens sent>", with a TTL): gone,
+#                                   the process died and the worker stops the request
+#                                   (api/client_leases.py, workers/client_leases.py)
 #   fleetlm:metering                stream of one usage record per finished request, and the
 #                                   workers' busy records (metering/records.py)
 #   fleetlm:workers                 set of worker ids ever registered (pruned when dead)
@@ -68,6 +72,10 @@ def cancel_key(request_id: str) -> str:
 def cancel_value(delivered: int | None) -> str:
     """A cancel flag's value: the output tokens the client received, when the canceller knows."""
     return "1" if delivered is None else f"n={delivered}"
+
+
+def lease_key(request_id: str) -> str:
+    return f"fleetlm:lease:{request_id}"
 
 
 def delivered_of(value: str | None) -> int | None:

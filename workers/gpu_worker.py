@@ -16,7 +16,8 @@
 #
 # The class is assembled from its parts: the loop and its lifecycle here, the round trip in
 # workers/round_trip.py, taking requests in in workers/queue_admission.py, ending them other
-# than by finishing (outage, drain, shutdown) in workers/request_ends.py.
+# than by finishing (outage, drain, shutdown) in workers/request_ends.py, stopping those whose
+# API process died in workers/client_leases.py.
 from __future__ import annotations
 
 import contextlib
@@ -34,6 +35,7 @@ from engine import LLMEngine
 from service import streams as p
 from service.redis_clients import UNREACHABLE, Backoff, sync_redis
 from service.settings import Settings
+from workers.client_leases import ClientLeaseWatch
 from workers.control import WorkerControl
 from workers.heartbeat import Heartbeat
 from workers.inflight import Inflight
@@ -64,7 +66,7 @@ def build_engine(settings: Settings) -> LLMEngine:
     return LLMEngine(settings.engine_config())
 
 
-class GpuWorker(RoundTrip, QueueAdmission, RequestEnds):
+class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
     def __init__(self, settings: Settings, redis_url: str, worker_id: str | None = None) -> None:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from metering.records import UsageCounts, usage_counts
 from service.events import ErrorEvent
+from service.output_stream import OutputFollower
 from service.queued_request import QueuedRequest
 
 
@@ -23,7 +24,14 @@ class Inflight:
     sent_tokens: int = 0
     confirmed_tokens: int = 0
     cached_tokens: int | None = None  # resumed: the prompt tokens the first run found cached
+    # resumed: the first run's first-token and first-scheduled times (its client saw those)
+    first_token_time: float | None = None
+    scheduled_time: float | None = None
     cancel_delivered: int | None = None  # the client went away after receiving this many
+    # Its API process's lease (workers/client_leases.py): the tokens it last said the client
+    # was sent, and since when (worker clock) the lease has been seen missing.
+    lease_delivered: int = 0
+    lease_missing_since: float | None = None
     final: ErrorEvent | None = None  # ended by the worker itself (drain, shutdown, outage)
 
     @property
@@ -38,3 +46,11 @@ class Inflight:
         if self.cached_tokens is not None:
             counts["cached_tokens"] = self.cached_tokens
         return counts
+
+    def resumed_from(self, follower: OutputFollower) -> None:
+        """Taken over after `follower` read the stream: what the first run's client had."""
+        self.published = True
+        self.sent_tokens = self.confirmed_tokens = follower.num_tokens
+        self.cached_tokens = follower.cached_tokens
+        self.first_token_time = follower.first_token_time
+        self.scheduled_time = follower.scheduled_time

@@ -156,7 +156,7 @@ class Outbox:
         request: one Lua call, which does nothing if another worker took the request over."""
         event["worker"] = self.worker_id
         event["usage"] = usage_counts(event.get("usage"))
-        record = usage_record(f.req, event, delta, self.worker_id)
+        record = usage_record(f, event, delta, self.worker_id)
         ttl = self.output_ttl(f)
         pipe.eval(*finish_call(f.req, f.queue, f.entry_id, self.worker_id, event, ttl, record))
         out.finished.append((f, record))

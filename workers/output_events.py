@@ -11,6 +11,7 @@
 # run (a resumed run's cache hits are the fleet's business, not the tenant's).
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from json.encoder import encode_basestring_ascii as json_string
 
@@ -29,8 +30,10 @@ def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
         "completion_tokens": delta.usage.completion_tokens,
         "token_ids": delta.new_token_ids,
     }
-    if not f.published:  # the first: what a worker resuming it bills as cached
+    if not f.published:  # the first: what a worker resuming it bills and times from
         event["cached_tokens"] = delta.usage.cached_tokens
+        event["first_token_time"] = delta.first_token_time
+        event["scheduled_time"] = delta.first_scheduled_time
     return event
 
 
@@ -44,7 +47,12 @@ def delta_event_json(worker_id: str, f: Inflight, delta: RequestDelta) -> str:
         f',"completion_tokens":{int(delta.usage.completion_tokens)},"token_ids":[{tokens}]'
     )
     if not f.published:
-        return f'{head},"cached_tokens":{int(delta.usage.cached_tokens)}}}'
+        times = json.dumps([delta.first_token_time, delta.first_scheduled_time])[1:-1]
+        first, scheduled = times.split(", ")
+        return (
+            f'{head},"cached_tokens":{int(delta.usage.cached_tokens)}'
+            f',"first_token_time":{first},"scheduled_time":{scheduled}}}'
+        )
     return head + "}"
 
 

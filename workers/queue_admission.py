@@ -42,9 +42,7 @@ class QueueAdmission:
         output: list[int] = []
         if resume is not None:
             output = resume.token_ids
-            f.published = True
-            f.sent_tokens = f.confirmed_tokens = resume.num_tokens
-            f.cached_tokens = resume.cached_tokens
+            f.resumed_from(resume)
         with self._lock:
             self.inflight[req.request_id] = f
         try:
@@ -95,8 +93,8 @@ class QueueAdmission:
             if follower.finished:  # ended, and its entry left behind
                 self.outbox.acks.append((queue, entry_id))
             elif cancel is not None:
-                f = Inflight(req, queue, entry_id, published=True)
-                f.cached_tokens = follower.cached_tokens
+                f = Inflight(req, queue, entry_id)
+                f.resumed_from(follower)
                 with self._lock:
                     self.inflight[req.request_id] = f
                 self.outbox.failed.append((f, cancelled_before_takeover(f, follower, cancel)))

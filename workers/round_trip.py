@@ -29,9 +29,11 @@ class Exchange:
     pipe: redis.client.Pipeline
     written: Written  # what it carries out of the outbox
     ids: list[str] = field(default_factory=list)  # inflight ids whose cancel keys were read
+    leased: list[str] = field(default_factory=list)  # ... and whose leases were read
     streams: list[str] = field(default_factory=list)  # queues XAUTOCLAIMed, in order
     blocks: BlocksWritten | None = None  # prefix blocks published
     at_cancels: int = -1
+    at_leases: int = -1
     at_reclaim: int = -1
     at_routes: int = -1  # the routed workers (SMEMBERS), read with the XAUTOCLAIMs
     at_take: int = -1  # the take script's reply (workers/work_intake.py)
@@ -84,6 +86,7 @@ class RoundTrip:
             # Every heartbeat lapsed meanwhile: give the other workers time to renew theirs
             # before taking their entries for dead ones.
             self._reclaim_after = time.monotonic() + self.settings.worker_dead_after_s
+            self._reset_leases()
         self._confirm(exchange)
         self.prefix.confirm(exchange.blocks, results)
         if exchange.idle and exchange.at_read < 0 and not exchange.num_read(results):
@@ -102,6 +105,8 @@ class RoundTrip:
         exchange.at_cancels = len(pipe)
         if ids:
             pipe.mget([p.cancel_key(i) for i in ids])
+            exchange.at_leases = len(pipe)
+            exchange.leased = self._read_leases(pipe, ids)
         stats = self.engine.stats()
         mapping = self._stats_mapping(stats) | self._routed_inflight(exchange.written)
         pipe.hset(p.stats_key(self.worker_id), mapping=mapping)
@@ -197,6 +202,8 @@ class RoundTrip:
                 if self.engine.abort(request_id):
                     self.last_cancel_step = self.num_steps
                     log.info("cancelled %s", request_id)
+        if exchange.leased:
+            self._check_leases(exchange.leased, results[exchange.at_leases])
         if exchange.streams:
             claims = results[exchange.at_reclaim : exchange.at_reclaim + len(exchange.streams)]
             for queue, claimed in zip(exchange.streams, claims):

@@ -8,7 +8,7 @@ import time
 from engine.outputs import RequestDelta
 from metering.records import BusyRecord, RequestRecord, encode_record, usage_counts
 from service.events import DoneEvent, ErrorEvent
-from service.queued_request import QueuedRequest
+from workers.inflight import Inflight
 
 STATUS_BY_FINISH_REASON = {
     "stop": "completed",
@@ -23,10 +23,11 @@ def _ms(start: float | None, end: float | None) -> float | None:
 
 
 def usage_record(
-    req: QueuedRequest, event: DoneEvent | ErrorEvent, delta: RequestDelta | None, worker_id: str
+    f: Inflight, event: DoneEvent | ErrorEvent, delta: RequestDelta | None, worker_id: str
 ) -> RequestRecord:
-    """The request's one metering record; `delta` is the engine's final delta, if any."""
-    now = time.time()
+    """The request's one metering record; `delta` is the engine's final delta, if any. A
+    resumed request is timed from its first run (its client's first token came from there)."""
+    req, now = f.req, time.time()
     if delta is not None:
         reason = delta.finish_reason or "error"
         arrival, scheduled = delta.arrival_time, delta.first_scheduled_time
@@ -34,6 +35,8 @@ def usage_record(
     else:
         reason = "error"
         arrival, scheduled, first, finished = req.enqueued_at, None, None, now
+    if f.first_token_time is not None:
+        first, scheduled = f.first_token_time, f.scheduled_time or scheduled
     # The event carries the engine's counters as they are (or what a reclaiming worker knew).
     counts = usage_counts({"prompt_tokens": len(req.prompt_token_ids)} | event.get("usage", {}))
     n = counts["completion_tokens"]

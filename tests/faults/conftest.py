@@ -94,6 +94,7 @@ class StreamLog:
     finish_reason: str | None = None
     error: dict | None = None
     body: dict | None = None  # a refusal's JSON body
+    usage: dict | None = None  # the last usage a chunk carried
     exception: str | None = None
     started: float = 0.0
 
@@ -184,6 +185,7 @@ def stream_completion(
                     log.error = chunk["error"]
                     continue
                 log.kinds.append("chunk")
+                log.usage = chunk.get("usage") or log.usage
                 for choice in chunk.get("choices", []):
                     log.text += choice.get("text") or ""
                     log.finish_reason = choice.get("finish_reason") or log.finish_reason

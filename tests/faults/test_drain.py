@@ -37,7 +37,11 @@ def test_sigterm_during_long_streams_ends_them_explicitly_and_exits_in_time(tmp_
     )
     try:
         # Long enough to be running at the deadline however fast the machine is today.
-        threads, logs = start_streams(srv, [completion_body(2500) for _ in range(6)])
+        # Usage at the end (two), on every chunk (two), or none: an error end carries it too.
+        options = [{"include_usage": True}] * 2 + [{"continuous_usage_stats": True}] * 2
+        bodies = [completion_body(2500) for _ in range(2)]
+        bodies += [completion_body(2500, stream_options=o) for o in options]
+        threads, logs = start_streams(srv, bodies)
         wait_until(lambda: all(lg.num_chunks >= 3 for lg in logs), 60, "every stream to start")
         signalled = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
@@ -64,6 +68,9 @@ def test_sigterm_during_long_streams_ends_them_explicitly_and_exits_in_time(tmp_
     finally:
         services.stop()
     assert {row.status for row in rows.values()} == {"failed"}
+    for lg in logs[2:]:  # billed = the last usage the client was sent
+        assert lg.usage is not None, lg
+        assert lg.usage["completion_tokens"] == rows[lg.request_id].completion_tokens, lg.usage
     ended = [lg.times[-1] - signalled for lg in logs]
     print(
         f"drain: streams ended {min(ended):.1f}-{max(ended):.1f}s and serve exited "

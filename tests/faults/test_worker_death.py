@@ -81,3 +81,8 @@ def test_a_killed_workers_streams_resume_on_the_other_worker(fleet):
         row = rows[lg.request_id]
         assert row.status == "length" and row.completion_tokens == MAX_TOKENS
         assert row.worker_id != victim
+        # Timed from the first token the client saw (the first run's), not the resumed run's;
+        # the client's clock started before admission, so it saw the token no sooner.
+        client_ttft_s = lg.times[lg.kinds.index("chunk")] - lg.started
+        assert row.ttft_ms / 1000 <= client_ttft_s + 0.5, (row.ttft_ms, client_ttft_s)
+        assert row.tpot_ms * (MAX_TOKENS - 1) == pytest.approx(row.e2e_ms - row.ttft_ms, rel=0.01)
