@@ -25,10 +25,12 @@
 # (the queue-length bound, max_queue_len, still holds).
 #
 # Each API process reads the load at most every load_refresh_s (one Lua call and one pipeline),
-# so admission itself stays one Redis round trip.
+# so admission itself stays one Redis round trip; what it admits in between is added to the load
+# it holds, so a burst between two reads is not admitted as if each request were alone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -113,6 +115,13 @@ class Load:
     mean_prompt_tokens: float | None = None
     workers: tuple[WorkerLoad, ...] = ()  # the priced live workers
 
+    def admitted(self, priority: str, tokens: int) -> Load:
+        """This load with a request admitted since it was read: until the next read, the
+        requests an API process admits count against the ones after them."""
+        queued = dict(self.queued_tokens)
+        queued[priority] = queued.get(priority, 0) + tokens
+        return dataclasses.replace(self, queued_tokens=queued)
+
     def predict(self, priority: str, prompt_tokens: int) -> Prediction:
         """The predicted time to first token of a request of `priority`."""
         ahead = ["interactive", "batch"] if priority == "batch" else ["interactive"]
@@ -171,6 +180,8 @@ class LoadShedder:
         prediction = load.predict(queued.priority, len(queued.prompt_token_ids))
         PREDICTED_TTFT.labels(queued.priority).observe(prediction.ttft_s)
         if prediction.ttft_s <= bound:
+            if self._load is load:
+                self._load = load.admitted(queued.priority, queued.queued_tokens)
             return prediction
         OVERLOAD_REFUSALS.labels(queued.priority, prediction.reason).inc()
         ttft = prediction.ttft_s

@@ -6,7 +6,10 @@
 #   waiting  worker_max_waiting minus the requests already in the engine's waiting queue
 #   seats    the running set the TPOT target allows (the decode turn the step prices predict
 #            for that many rows of the mean context stays within tpot_target_s; max_num_seqs
-#            until the prices are fitted) minus what runs and waits
+#            until the prices are fitted) minus what runs and waits. A machine whose lone
+#            stream's turn is already near the target (a loaded CPU) batches until its turn is
+#            LONE_TURN_FACTOR times a lone stream's instead: half its best throughput, rather
+#            than one stream at a time
 #   kv       free KV blocks, less what the running and waiting requests still need to reach
 #            their expected length and a kv_headroom share of the pool, in blocks of the mean
 #            request: admission keeps headroom so that preemption stays a transient event
@@ -25,6 +28,11 @@ from engine.request import Priority
 from service.settings import Settings
 from workers.load_report import LoadReport
 from workers.step_prices import StepPrices
+
+# The TPOT target is never below this many lone-stream turns. At t(B) = 2·t(1) a running set of B
+# streams gets about half the throughput of an unbounded one (t(B) ≈ t(1) + B·row): on a GPU the
+# target is the lower of the two (an 8B's lone turn ~5 ms, a 70B FP8's ~17 ms on an H200).
+LONE_TURN_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +81,9 @@ def intake_budget(
     max_running = settings.max_num_seqs
     prefill_token_s = decode_token_s = decode_step_s = None
     if prices.fitted:
-        max_running = prices.max_rows(settings.tpot_target_s, context_per_row, max_running)
+        lone = prices.decode_step_s(1, int(context_per_row))
+        target = max(settings.tpot_target_s, LONE_TURN_FACTOR * lone)
+        max_running = prices.max_rows(target, context_per_row, max_running)
         rows = max_running
         decode_token_s = prices.decode_step_s(rows, int(rows * context_per_row)) / rows
         prefill_token_s = prices.prefill_s(int(mean_prompt)) / mean_prompt
