@@ -1,29 +1,61 @@
-# Overload: shed at admission instead of queueing work that cannot start in time. A request's
-# predicted wait is the work queued ahead of it, in tokens (fleetlm:q:{priority}:tokens: prompt
-# plus expected output of every request not yet read by a worker), divided by the fleet's service
-# rate (the sum of the live workers' tokens per second of work, workers/load_report.py). Batch
-# (flex) work waits behind interactive work as well as its own, so under load it is shed first.
-# Over max_queue_wait_s (batch_max_queue_wait_s for flex) → 503 `overloaded` with a Retry-After
-# of the time the queue needs to drain back to the bound if nothing else arrived.
+# Overload: refuse at admission what the fleet cannot start in time, so that overload shows up
+# as 503s, never as admitted requests that wait past their deadline or streams that crawl.
+#
+# A request's predicted time to first token counts every request admitted and not yet started
+# anywhere: the tokens queued in Redis (fleetlm:q:{priority}:tokens: prompt plus expected output
+# of each entry no worker has read) and the work waiting in the engines' own queues (each worker
+# publishes it, priced, in its stats). It is priced with the workers' step prices
+# (workers/step_prices.py, fit on the model actually loaded): a prompt token and an output token
+# (at the running set the TPOT target allows) cost different amounts of a worker's time. Work
+# the fleet can start at once (each worker's `startable`: the seats and KV it has free at the TPOT
+# target, workers/intake_budget.py) waits for nothing; the rest waits for the running requests
+# to make room, at the pace the fleet works (one second of work per second per worker):
+#
+#   wait  = max(0, work ahead + the mean request's work - startable × the mean request's work)
+#           / priced workers
+#   TTFT  = wait + the request's own prefill
+#
+# Interactive counts interactive work only: workers take it first and the engine gives it the
+# seats and KV of running batch requests, so flex never pushes it back. Flex (service_tier
+# "flex", the batch priority) waits behind both, against its own, longer bound. Over the bound
+# → 503 `overloaded` with a Retry-After of the time the backlog needs to fall back under it.
+# The refusal's reason (in /metrics) is `kv` when the fleet's workers are out of KV headroom,
+# `ttft` otherwise. Before any worker is priced (a fresh fleet), the fallback is the queued
+# tokens over the workers' measured tokens per second; with nothing measured nothing is shed
+# (the queue-length bound, max_queue_len, still holds).
 #
 # Each API process reads the load at most every load_refresh_s (one Lua call and one pipeline),
-# so admission itself stays one Redis round trip. With no rate measured yet (a fleet that has not
-# worked) nothing is shed: the queue-length bound (max_queue_len) still holds.
+# so admission itself stays one Redis round trip; what it admits in between is added to the load
+# it holds, so a burst between two reads is not admitted as if each request were alone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
 
+from prometheus_client import Counter, Histogram
 from redis.asyncio import Redis
 
 from api.relay import live_workers
 from service import streams as p
-from service.admission import queued_tokens
+from service.admission import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, queued_tokens
 from service.errors import APIError
 from service.queued_request import QueuedRequest
 from service.settings import Settings
+
+# Registered in api/metrics.py's registry (which imports this module through the app state).
+PREDICTED_TTFT = Histogram(
+    "fleetlm:predicted_ttft_seconds", "Predicted time to first token at admission.",
+    ["priority"], registry=None,
+    buckets=(0.1, 0.25, 0.5, 0.8, 1.0, 1.6, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0),
+)  # fmt: skip
+OVERLOAD_REFUSALS = Counter(
+    "fleetlm:overload_refusals", "Requests refused with 503 overloaded, by what holds the "
+    "line: ttft (the predicted time to first token) or kv (no worker has KV headroom).",
+    ["priority", "reason"], registry=None,
+)  # fmt: skip
 
 # KEYS: per priority, its token counter then its queues (shared and routed). ARGV: the group,
 # then per priority how many queues it has. Returns each counter; one whose queues have nothing
@@ -58,18 +90,58 @@ return out
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """One priced worker's stats (workers/intake_budget.py)."""
+
+    prefill_token_s: float
+    decode_token_s: float
+    startable: dict[str, int]  # priority → queue entries it may take now
+    waiting_work_s: dict[str, float]  # priority → seconds of work in its engine's waiting queue
+    limited_by: str  # waiting | seats | kv
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    ttft_s: float
+    reason: str  # what holds the line when it is too long: ttft | kv
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
     queued_tokens: dict[str, int]  # priority → tokens queued, not yet read by a worker
-    tokens_per_s: float  # the live workers' service rate, summed
+    tokens_per_s: float  # the live workers' service rate, summed (the unpriced fallback)
     mean_output_tokens: float | None  # expected output of a request (None: nothing measured)
     routes: tuple[str, ...] = ()  # workers with queues of their own (service/routing.py)
+    mean_prompt_tokens: float | None = None
+    workers: tuple[WorkerLoad, ...] = ()  # the priced live workers
 
-    def wait_s(self, priority: str) -> float:
-        """Predicted wait before a request of `priority` is read by a worker."""
-        ahead = self.queued_tokens.get("interactive", 0)
-        if priority == "batch":
-            ahead += self.queued_tokens.get("batch", 0)
-        return ahead / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+    def admitted(self, priority: str, tokens: int) -> Load:
+        """This load with a request admitted since it was read: until the next read, the
+        requests an API process admits count against the ones after them."""
+        queued = dict(self.queued_tokens)
+        queued[priority] = queued.get(priority, 0) + tokens
+        return dataclasses.replace(self, queued_tokens=queued)
+
+    def predict(self, priority: str, prompt_tokens: int) -> Prediction:
+        """The predicted time to first token of a request of `priority`."""
+        ahead = ["interactive", "batch"] if priority == "batch" else ["interactive"]
+        queued = sum(self.queued_tokens.get(prio, 0) for prio in ahead)
+        if not self.workers:
+            wait = queued / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+            return Prediction(wait, "ttft")
+        n = len(self.workers)
+        prefill_s = sum(w.prefill_token_s for w in self.workers) / n
+        decode_s = sum(w.decode_token_s for w in self.workers) / n
+        mean_prompt = self.mean_prompt_tokens or DEFAULT_PROMPT_TOKENS
+        mean_output = self.mean_output_tokens or DEFAULT_OUTPUT_TOKENS
+        mean_work = mean_prompt * prefill_s + mean_output * decode_s
+        work = queued * mean_work / (mean_prompt + mean_output)  # Redis: the mean mix
+        work += sum(w.waiting_work_s.get(prio, 0.0) for w in self.workers for prio in ahead)
+        free = sum(w.startable.get(priority, 0) for w in self.workers) * mean_work
+        wait = max(0.0, work + mean_work - free) / n
+        full = [w for w in self.workers if w.startable.get(priority, 0) == 0]
+        reason = "kv" if full and all(w.limited_by == "kv" for w in full) else "ttft"
+        return Prediction(wait + prompt_tokens * prefill_s, reason)
 
 
 class LoadShedder:
@@ -95,8 +167,9 @@ class LoadShedder:
         """The routed workers as of the last load read (admit() reads it first)."""
         return self._load.routes if self._load is not None else ()
 
-    async def admit(self, redis: Redis, queued: QueuedRequest) -> None:
-        """Sets the request's queued tokens; raises 503 when its predicted wait is too long."""
+    async def admit(self, redis: Redis, queued: QueuedRequest) -> Prediction:
+        """Sets the request's queued tokens; raises 503 when its predicted time to first token
+        is over its priority's bound."""
         load = await self.load(redis)
         queued.queued_tokens = queued_tokens(queued, self.max_model_len, load.mean_output_tokens)
         bound = (
@@ -104,14 +177,20 @@ class LoadShedder:
             if queued.priority == "batch"
             else self.settings.max_queue_wait_s
         )
-        wait = load.wait_s(queued.priority)
-        if wait <= bound:
-            return
-        retry_after = max(1, math.ceil(wait - bound))
+        prediction = load.predict(queued.priority, len(queued.prompt_token_ids))
+        PREDICTED_TTFT.labels(queued.priority).observe(prediction.ttft_s)
+        if prediction.ttft_s <= bound:
+            if self._load is load:
+                self._load = load.admitted(queued.priority, queued.queued_tokens)
+            return prediction
+        OVERLOAD_REFUSALS.labels(queued.priority, prediction.reason).inc()
+        ttft = prediction.ttft_s
+        retry_after = max(1, math.ceil(ttft - bound))
         raise APIError(
             503,
             f"The server is overloaded: a {queued.priority} request would wait about "
-            f"{wait:.0f}s to start (the bound is {bound:.0f}s); retry in {retry_after}s.",
+            f"{ttft:.0f}s for its first token (the bound is {bound:.0f}s); retry in "
+            f"{retry_after}s.",
             type="server_error",
             code="overloaded",
             headers={"Retry-After": str(retry_after)},
@@ -128,18 +207,51 @@ async def read_load(redis: Redis) -> Load:
     workers = await live_workers(redis)
     rates: list[float] = []
     outputs: list[float] = []
+    prompts: list[float] = []
+    priced: list[WorkerLoad] = []
     if workers:
         pipe = redis.pipeline(transaction=False)
         for w in workers:
-            pipe.hmget(p.stats_key(w), ["tokens_per_s", "mean_output_tokens"])
-        for rate, output in await pipe.execute():
-            if rate is not None:
-                rates.append(float(rate))
-            if output is not None:
-                outputs.append(float(output))
+            pipe.hmget(p.stats_key(w), STATS_FIELDS)
+        for values in await pipe.execute():
+            stats = dict(zip(STATS_FIELDS, values))
+            if stats["tokens_per_s"] is not None:
+                rates.append(float(stats["tokens_per_s"]))
+            if stats["mean_output_tokens"] is not None:
+                outputs.append(float(stats["mean_output_tokens"]))
+            if stats["mean_prompt_tokens"] is not None:
+                prompts.append(float(stats["mean_prompt_tokens"]))
+            if stats["prefill_token_s"] is not None and stats["decode_token_s"] is not None:
+                priced.append(_worker_load(stats))
     return Load(
         queued_tokens={prio: int(t) for prio, t in zip(p.PRIORITIES, tokens)},
         tokens_per_s=sum(rates),
         mean_output_tokens=sum(outputs) / len(outputs) if outputs else None,
         routes=tuple(routes),
+        mean_prompt_tokens=sum(prompts) / len(prompts) if prompts else None,
+        workers=tuple(priced),
+    )
+
+
+STATS_FIELDS = [
+    "tokens_per_s", "mean_output_tokens", "mean_prompt_tokens", "prefill_token_s",
+    "decode_token_s", "startable", "startable_interactive", "limited_by",
+    *(f"waiting_work_s_{prio}" for prio in p.PRIORITIES),
+]  # fmt: skip
+
+
+def _worker_load(stats: dict) -> WorkerLoad:
+    def number(name: str) -> float:
+        value = stats.get(name)
+        return float(value) if value is not None else 0.0
+
+    return WorkerLoad(
+        prefill_token_s=number("prefill_token_s"),
+        decode_token_s=number("decode_token_s"),
+        startable={
+            "interactive": int(number("startable_interactive")),
+            "batch": int(number("startable")),
+        },
+        waiting_work_s={prio: number(f"waiting_work_s_{prio}") for prio in p.PRIORITIES},
+        limited_by=stats.get("limited_by") or "waiting",
     )

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from api.auth import forbidden
 from api.deps import Credentials, State, authorization
 from api.errors import ErrorResponse
+from api.load_shedding import OVERLOAD_REFUSALS, PREDICTED_TTFT
 from api.openapi import AUTHED, errors
 from api.relay import live_workers
 from service import streams as p
@@ -58,6 +59,9 @@ ROUTED = Counter(
     ["priority", "to"],
     registry=REGISTRY,
 )
+# Admission's own series (api/load_shedding.py defines them: this module imports the app state).
+REGISTRY.register(PREDICTED_TTFT)
+REGISTRY.register(OVERLOAD_REFUSALS)
 # With several API processes the gauges are summed (open requests) or maxed (draining) over the
 # live ones.
 OPEN_REQUESTS = Gauge(

@@ -21,7 +21,6 @@ class EngineConfig:
     max_num_batched_tokens: int = 4096
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
-    max_preemptions: int = 8
     seed: int = 0  # dummy-weight initialisation and unseeded sampling
     use_cuda_graphs: bool = True
     # Compile at start-up the attention variants mixed steps reach (engine/kernel_warmup.py;
@@ -90,8 +89,6 @@ class EngineConfig:
             self.piecewise_bucket_step - 1
         ):
             raise ValueError("piecewise_bucket_step must be 0 or a power of two")
-        if self.max_preemptions < 0:
-            raise ValueError("max_preemptions must be >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "float64"):

@@ -88,7 +88,6 @@ class LLMEngine:
             self.block_manager,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
-            max_preemptions=config.max_preemptions,
             eos_token_ids=eos,
             prefill_policy=self.prefill_policy,
             prefill_order=PrefillOrder(

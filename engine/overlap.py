@@ -23,7 +23,7 @@
 # Sync steps: when the next schedule needs what only N's tokens tell, N is committed first
 # (waiting for the GPU) and the step is scheduled from full knowledge. That is when scheduling
 # may preempt (needs_sync): requests finishing at N would have freed seats and memory first. A
-# request failed during an overlapped schedule (its preemption limit, an unfittable pool) gives
+# request failed during an overlapped schedule (a prompt the whole pool cannot hold) gives
 # back its pending token like an abort. New arrivals and prompt chunks need no sampled token
 # and join overlapped steps; they are admitted one step later than the plain engine would when
 # only the seats or blocks of requests finishing at N would have made room for them.

@@ -58,7 +58,6 @@ class Request:
         "ngram_index",
         "num_cached_tokens",
         "num_computed_tokens",
-        "num_memory_preemptions",
         "num_preemptions",
         "num_prompt_tokens",
         "num_registered_blocks",
@@ -98,8 +97,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
-        self.num_preemptions = 0
-        self.num_memory_preemptions = 0  # those for KV memory: bounded by max_preemptions
+        self.num_preemptions = 0  # times it was preempted (recomputed on resume); billed in usage
         self.block_ids: list[int] = []
         # (the block_ids list it mirrors, its length then, int32 array): batch preparation
         # copies this row instead of converting the list every step.

@@ -7,8 +7,13 @@
 # is the lowest-class, most recently admitted running request; an arriving interactive request
 # may preempt running batch requests. Preemption is by recompute: the victim's blocks are freed
 # (their hashes stay in the prefix cache, so re-admission usually re-hits them) and it goes back
-# to the front of its class's queue. Nothing is silently truncated: a request preempted more
-# than `max_preemptions` times, or one that can never fit, finishes with reason "error".
+# to the front of its class's queue. Preemption is for transient pressure, never a failure: a
+# preempted request resumes (recompute of its prompt and the tokens it already produced) however
+# often that takes. It always makes progress: the victim is the most recently admitted, so the
+# oldest running request of the highest class is never one, and a re-admitted victim is newer
+# than everything it displaced. Admission above the engine (the worker's intake and the API's
+# load shedding) keeps KV headroom so that this stays rare. The one failure: a request that can
+# never fit, not even alone in the whole pool, finishes with reason "error".
 #
 # Within a step's budget, decodes first: a prompt chunk never takes the budget the running
 # decodes need. The order among prompt chunks is engine/prefill_order.py's.
@@ -52,7 +57,6 @@ class Scheduler:
         *,
         max_num_batched_tokens: int,
         max_num_seqs: int,
-        max_preemptions: int,
         eos_token_ids: tuple[int, ...] = (),
         prefill_policy: PrefillPolicy | None = None,
         prefill_order: PrefillOrder | None = None,
@@ -60,7 +64,6 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
-        self.max_preemptions = max_preemptions
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: dict[Priority, deque[Request]] = {p: deque() for p in Priority}
         self.running: list[Request] = []
@@ -179,8 +182,8 @@ class Scheduler:
         if out.num_preempted == 0:
             self._admit_waiting(budget, prefill_left, scheduled, out)
 
-        if self.prefill_policy is not None:
-            out.features = self.last_features = _features(scheduled.items())
+        # Always: the worker prices its work with the same shape (workers/step_prices.py).
+        out.features = self.last_features = _features(scheduled.items())
         self._order(out, scheduled.items())
         now = time.time()
         for request in out.requests:
@@ -239,9 +242,7 @@ class Scheduler:
             if len(self.running) >= self.max_num_seqs:
                 # Every sequence slot is taken: an interactive request takes a batch
                 # request's seat, as it would take its memory below.
-                if priority is not Priority.INTERACTIVE or not self._preempt_batch(
-                    scheduled, out, for_seat=True
-                ):
+                if priority is not Priority.INTERACTIVE or not self._preempt_batch(scheduled, out):
                     continue
                 budget = self.max_num_batched_tokens - sum(scheduled.values())
                 if budget <= 0:
@@ -276,36 +277,19 @@ class Scheduler:
             budget -= num_new
             prefill_left -= num_new
 
-    def _preempt_batch(
-        self, scheduled: dict[Request, int], out: SchedulerOutput, *, for_seat: bool = False
-    ) -> bool:
+    def _preempt_batch(self, scheduled: dict[Request, int], out: SchedulerOutput) -> bool:
         batch = [r for r in self.running if r.priority is Priority.BATCH]
         if not batch:
             return False
         victim = max(batch, key=lambda r: r.admitted_seq)
         scheduled.pop(victim, None)
-        self._preempt(victim, out, counts_toward_limit=not for_seat)
+        self._preempt(victim, out)
         return True
 
-    def _preempt(
-        self, request: Request, out: SchedulerOutput, *, counts_toward_limit: bool = True
-    ) -> None:
-        # A seat taken by an interactive request (not memory pressure) does not count toward
-        # max_preemptions: batch work waits out interactive load, it is not failed by it.
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         out.num_preempted += 1
         self.num_preemptions += 1
         request.num_preemptions += 1
-        if counts_toward_limit:
-            request.num_memory_preemptions += 1
-        if request.num_memory_preemptions > self.max_preemptions:
-            self.finish(
-                request,
-                "error",
-                f"preempted {request.num_memory_preemptions} times for lack of KV cache memory "
-                f"(limit {self.max_preemptions}); failing instead of truncating",
-            )
-            out.failed.append(request)
-            return
         self.running.remove(request)
         self.block_manager.free(request)
         _clear_drafts(request)
@@ -322,6 +306,20 @@ class Scheduler:
             f"{bm.block_size} tokens but the whole pool holds {bm.num_blocks}",
         )
         out.failed.append(request)
+
+    def kv_outlook(self, expected_output: int) -> dict[Priority, tuple[int, int]]:
+        """Per priority: (KV blocks its unfinished requests hold, blocks they still need to
+        reach their expected length: the prompt and min(max_tokens, max(expected_output,
+        produced + 1)) output tokens). A waiting or preempted request holds nothing."""
+        bm = self.block_manager
+        outlook = dict.fromkeys(Priority, (0, 0))
+        for r in self.requests.values():
+            output = min(r.max_tokens, max(expected_output, r.num_output_tokens + 1))
+            held = len(r.block_ids)
+            more = max(0, bm.num_blocks_for(r.num_prompt_tokens + output) - held)
+            h, m = outlook[r.priority]
+            outlook[r.priority] = (h + held, m + more)
+        return outlook
 
     # -- after the forward pass ----------------------------------------------------------
 

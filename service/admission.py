@@ -30,6 +30,7 @@ return id
 
 # A request's expected output before any worker has measured the mean (workers/load_report.py).
 DEFAULT_OUTPUT_TOKENS = 256.0
+DEFAULT_PROMPT_TOKENS = 256.0  # ... and its prompt, for the work and KV of the mean request
 
 
 def queued_tokens(queued: QueuedRequest, max_model_len: int, mean_output: float | None) -> int:

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     worker_dead_after_s: float = 8.0  # heartbeat TTL: a silent worker counts as dead after it
     no_worker_timeout_s: float = 5.0  # a queued request fails after this long with no live worker
     worker_max_waiting: int = 8  # queue entries held in the engine's waiting queue
+    # A worker takes from the queues only what its engine can start and still serve at this
+    # time per output token (its running set's predicted decode turn, workers/intake_budget.py)
+    # with kv_headroom of its KV pool kept free for the running requests' growth.
+    tpot_target_s: float = Field(0.04, gt=0)
+    kv_headroom: float = Field(0.1, ge=0, lt=1)
     batch_min_free_kv: float = 0.25  # read batch work only with this fraction of KV free
     batch_max_waiting: int = 2  # ... and at most this many requests waiting in the engine
     device: str = "auto"
@@ -160,8 +165,10 @@ class Settings(BaseSettings):
     # lease last said the client was sent (docs/operations.md#api-process-death).
     api_lease_refresh_s: float = Field(0.5, gt=0)
     api_lease_ttl_s: float = Field(3.0, gt=0)
-    max_queue_wait_s: float = 10.0  # interactive: shed (503) when the predicted wait is longer
-    batch_max_queue_wait_s: float = 10.0  # flex (batch priority), which also waits on interactive
+    # Admission (api/load_shedding.py): interactive is refused (503) when its predicted time to
+    # first token is longer; flex (batch priority) has its own, longer bound.
+    max_queue_wait_s: float = 10.0
+    batch_max_queue_wait_s: float = 30.0
     load_refresh_s: float = 0.5  # how often an API process re-reads the queues' load
 
     # -- batches (docs/batches.md) ---------------------------------------------------------

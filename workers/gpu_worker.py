@@ -39,6 +39,7 @@ from workers.client_leases import ClientLeaseWatch
 from workers.control import WorkerControl
 from workers.heartbeat import Heartbeat
 from workers.inflight import Inflight
+from workers.intake_budget import IntakeBudget
 from workers.load_report import LoadReport
 from workers.metrics import WorkerMetrics
 from workers.metrics_publisher import MetricsPublisher
@@ -48,6 +49,7 @@ from workers.prefix_publisher import PrefixPublisher
 from workers.queue_admission import QueueAdmission
 from workers.request_ends import RequestEnds
 from workers.round_trip import Exchange, RoundTrip
+from workers.step_prices import StepPrices
 from workers.step_timing import StepTiming
 from workers.torch_threads import apply_torch_threads
 from workers.usage import BusyMeter
@@ -105,6 +107,8 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
         )
         self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
         self.load = LoadReport()
+        self.prices = StepPrices()  # what a turn costs, fit on this worker's own turns
+        self.budget: IntakeBudget | None = None  # the last turn's (workers/intake_budget.py)
         self.pacer = PollPacer()
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.metrics_publisher = MetricsPublisher(
@@ -243,7 +247,9 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
         self.busy.add(elapsed)
         self.num_steps += 1
         self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
-        self.load.on_step(step.out.total_tokens, time.perf_counter() - loop_started)
+        turn_s = time.perf_counter() - loop_started
+        self.load.on_step(step.out.total_tokens, turn_s)
+        self.prices.observe(step.out.features, turn_s)
         return self.engine.last_step_row
 
     def _poll_while_running(self, step, exchange: Exchange, results: list) -> tuple[list, bool]:

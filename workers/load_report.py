@@ -1,7 +1,9 @@
 # What a worker tells admission about its speed (in its stats hash, read by the API's load
 # shedding): tokens it processes per second of work (prompt and output tokens alike, the unit the
-# queues' token counters count in) and the mean output length of the requests it finished, which
-# admission uses as the expected output of a request without a small max_tokens.
+# queues' token counters count in; admission's fallback until the step prices are fitted,
+# workers/step_prices.py) and the mean prompt and output lengths of the requests it finished:
+# admission uses the output as the expected output of a request without a small max_tokens, and
+# both to price the tokens queued in Redis and to size the mean request's KV.
 #
 # A second of work is a loop turn that ran a step, host work and the Redis round trip included
 # (on a CPU worker the step alone is only ~60 % of the turn: counting steps only overstated the
@@ -11,7 +13,7 @@
 # the sustained load where shedding matters, every turn steps and this is the wall-clock rate.
 from __future__ import annotations
 
-from service.admission import DEFAULT_OUTPUT_TOKENS
+from service.admission import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS
 
 WINDOW_S = 1.0  # seconds of work per rate sample
 ALPHA = 0.3  # weight of the newest sample (rate) / finished request (mean output)
@@ -21,6 +23,7 @@ class LoadReport:
     def __init__(self) -> None:
         self.tokens_per_s = 0.0
         self.mean_output_tokens = DEFAULT_OUTPUT_TOKENS
+        self.mean_prompt_tokens = DEFAULT_PROMPT_TOKENS
         self._tokens = 0
         self._busy_s = 0.0
         self._num_finished = 0
@@ -34,14 +37,19 @@ class LoadReport:
             self.tokens_per_s = rate if first else ALPHA * rate + (1 - ALPHA) * self.tokens_per_s
             self._tokens, self._busy_s = 0, 0.0
 
-    def on_finished(self, completion_tokens: int) -> None:
+    def on_finished(self, completion_tokens: int, prompt_tokens: int) -> None:
         first = self._num_finished == 0
         self._num_finished += 1
-        n = float(completion_tokens)
-        self.mean_output_tokens = n if first else ALPHA * n + (1 - ALPHA) * self.mean_output_tokens
+
+        def mean(old: float, n: int) -> float:
+            return float(n) if first else ALPHA * n + (1 - ALPHA) * old
+
+        self.mean_output_tokens = mean(self.mean_output_tokens, completion_tokens)
+        self.mean_prompt_tokens = mean(self.mean_prompt_tokens, prompt_tokens)
 
     def fields(self) -> dict[str, str]:
         return {
             "tokens_per_s": f"{self.tokens_per_s:.1f}",
             "mean_output_tokens": f"{self.mean_output_tokens:.1f}",
+            "mean_prompt_tokens": f"{self.mean_prompt_tokens:.1f}",
         }

@@ -14,6 +14,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     disable_created_metrics,
     start_http_server,
 )
@@ -29,6 +30,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+PREEMPTION_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
@@ -123,6 +125,26 @@ class WorkerMetrics:
         self.draining = Gauge(
             "fleetlm:worker_draining", "1 while the worker drains.", labels, registry=r
         ).labels(model_name)
+        # Overload (docs/operations.md#faults-and-overload): how long the engine's waiting queue
+        # has kept its oldest request, the running set the TPOT target allows, what this worker
+        # may take now, and how often each finished request was preempted.
+        self.waiting_age = Gauge(
+            "fleetlm:engine_waiting_oldest_seconds", "Age of the oldest request in the engine's "
+            "waiting queue (0: none waits).", labels, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.max_running = Gauge(
+            "fleetlm:engine_max_running", "The running set the TPOT target allows (the step "
+            "prices' prediction; max_num_seqs until they are fitted).", labels, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.startable = Gauge(
+            "fleetlm:worker_startable_requests", "Queue entries the worker may take now: what "
+            "its engine can start at the TPOT target with KV headroom.", labels, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self.preemptions = Histogram(
+            "fleetlm:request_preemptions", "Times a finished request was preempted (and "
+            "recomputed).", labels, buckets=PREEMPTION_BUCKETS, registry=r,
+        ).labels(model_name)  # fmt: skip
+        self._budget: Any = None
         self._totals = _EngineTotals(model_name)
         r.register(self._totals)
         self._last_token: dict[str, float] = {}  # request id → time of its latest token
@@ -166,8 +188,13 @@ class WorkerMetrics:
         self.prompt_tokens.inc(d.usage.prompt_tokens)
         self.success.labels(self.model_name, d.finish_reason or "error").inc()
         self.e2e.observe(max(0.0, (d.finish_time or now) - d.arrival_time))
+        self.preemptions.observe(d.usage.preemptions)
         if d.first_scheduled_time is not None:
             self.queue_time.observe(max(0.0, d.first_scheduled_time - d.arrival_time))
+
+    def on_budget(self, budget: Any) -> None:
+        """The turn's intake budget (workers/intake_budget.py); gauges set at snapshot time."""
+        self._budget = budget
 
     def forget(self, request_id: str) -> None:
         self._last_token.pop(request_id, None)
@@ -193,3 +220,7 @@ class WorkerMetrics:
         self.kv_usage.set(stats.kv_cache_usage)
         self.draining.set(1 if draining else 0)
         self._totals.stats = stats
+        if self._budget is not None:
+            self.waiting_age.set(self._budget.oldest_waiting_s)
+            self.max_running.set(self._budget.max_running)
+            self.startable.set(self._budget.room)

@@ -15,6 +15,7 @@ import redis
 
 from service import streams as p
 from service.redis_clients import UNREACHABLE
+from workers.intake_budget import intake_budget
 from workers.outbox import Written
 from workers.prefix_publisher import BlocksWritten
 from workers.work_intake import Intake, forget_call, taken_entries
@@ -108,6 +109,8 @@ class RoundTrip:
             exchange.at_leases = len(pipe)
             exchange.leased = self._read_leases(pipe, ids)
         stats = self.engine.stats()
+        self.budget = budget = intake_budget(self.engine, self.prices, self.load, self.settings)
+        self.metrics.on_budget(budget)
         mapping = self._stats_mapping(stats) | self._routed_inflight(exchange.written)
         pipe.hset(p.stats_key(self.worker_id), mapping=mapping)
         pipe.expire(p.stats_key(self.worker_id), 60)
@@ -116,13 +119,15 @@ class RoundTrip:
         if self.metrics.snapshot_due(stats, self.draining.is_set()):
             self.metrics_publisher.submit()  # serialised and written off this thread
 
-        room = self.settings.worker_max_waiting - stats.num_waiting
+        # Only what the engine can start at the TPOT target (workers/intake_budget.py).
+        room = budget.interactive_room
         if self.draining.is_set() or self.outage_since is not None:
             room = 0
         priorities = ["interactive"]
         free_frac = stats.num_free_blocks / max(stats.num_total_blocks, 1)
         if (
-            free_frac >= self.settings.batch_min_free_kv
+            budget.room > 0
+            and free_frac >= self.settings.batch_min_free_kv
             and stats.num_waiting <= self.settings.batch_max_waiting
         ):
             priorities.append("batch")
@@ -176,7 +181,7 @@ class RoundTrip:
             self.metrics.forget(f.request_id)
             completion = record.counts["completion_tokens"]
             if record.status in ("completed", "length"):
-                self.load.on_finished(completion)
+                self.load.on_finished(completion, record.counts["prompt_tokens"])
             log.info(
                 "request finished",
                 extra={
@@ -271,6 +276,7 @@ class RoundTrip:
             "model": self.settings.model_name,
             "updated_at": f"{time.time():.3f}",
             **self.load.fields(),
+            **(self.budget.fields() if self.budget is not None else {}),
         }
 
 

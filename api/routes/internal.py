@@ -11,8 +11,10 @@ from service import streams as p
 
 router = APIRouter(tags=["internal"])
 
-_FLOATS = {"kv_cache_usage", "updated_at", "tokens_per_s", "mean_output_tokens"}
-_STRINGS = {"model"}
+_FLOATS = {"kv_cache_usage", "updated_at", "tokens_per_s", "mean_output_tokens",
+           "mean_prompt_tokens", "prefill_token_s", "decode_token_s", "decode_step_s",
+           "oldest_waiting_s", "waiting_work_s_interactive", "waiting_work_s_batch"}  # fmt: skip
+_STRINGS = {"model", "limited_by"}
 
 
 def _typed(stats: dict[str, str]) -> dict[str, object]:

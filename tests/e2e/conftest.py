@@ -40,11 +40,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def service_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def service_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The base settings, then `extra`; a None value leaves that setting at its default."""
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
     env = {k: v for k, v in env.items() if not k.startswith("FLEETLM_")}
     env.update(BASE_ENV)
     env.update(extra or {})
+    env = {k: v for k, v in env.items() if v is not None}
     env["PYTHONPATH"] = str(ROOT)
     return env
 

@@ -76,7 +76,7 @@ def test_preemption_keeps_outputs(family_case):
     directory, prompts, expected = family_case
     # 30 blocks × 16 = 480 token slots: the longest request (353 tokens) fits alone, the whole
     # set (≈ 2,500 tokens) does not, so requests are preempted and recomputed.
-    llm, outputs = _run(directory, prompts, num_kv_blocks=30, max_preemptions=100)
+    llm, outputs = _run(directory, prompts, num_kv_blocks=30)
     _assert_same(outputs, expected)
     assert sum(o.num_preemptions for o in outputs) > 0
     assert llm.engine.stats().num_free_blocks == 30
@@ -84,7 +84,7 @@ def test_preemption_keeps_outputs(family_case):
 
 def test_mixed_priorities_keep_outputs(family_case):
     directory, prompts, expected = family_case
-    llm = LLM(str(directory), dtype="float32", device="cpu", num_kv_blocks=40, max_preemptions=100,
+    llm = LLM(str(directory), dtype="float32", device="cpu", num_kv_blocks=40,
               max_num_batched_tokens=64)  # fmt: skip
     priorities = ["batch" if i % 2 else "interactive" for i in range(len(prompts))]
     outputs = llm.generate(prompts, GREEDY, priority=priorities)

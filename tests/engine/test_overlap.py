@@ -159,7 +159,7 @@ def test_interactive_arrival_preempting_batch(model_dir, never_sync):
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     results = []
     for overlap in (False, True):
-        engine = _engine(model_dir, overlap, EOS_ID, num_kv_blocks=10, max_preemptions=10)
+        engine = _engine(model_dir, overlap, EOS_ID, num_kv_blocks=10)
         if overlap and never_sync:
             engine.overlap.needs_sync = lambda: False
         engine.add_request("batch-old", list(range(3, 63)), params, "batch")

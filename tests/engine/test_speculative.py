@@ -104,7 +104,6 @@ def test_tiny_pool_and_small_budget_stay_exact(family_case, method):
         speculative_method=method,
         num_kv_blocks=6,
         max_num_batched_tokens=12,
-        max_preemptions=1000,
         spec_min_acceptance=0.0,
         **extra,
     )

@@ -74,7 +74,6 @@ def test_text_is_the_decoded_tokens(llm):
         {"gpu_memory_utilization": 1.5},
         {"max_num_batched_tokens": 0},
         {"max_num_seqs": 0},
-        {"max_preemptions": -1},
         {"dtype": "int8"},
     ],
 )

@@ -1,41 +1,45 @@
-# Overload: offered 3× what the fleet sustains, admission sheds early (503 `overloaded` with a
-# Retry-After) instead of queueing work that cannot start in time, so the requests it admits
-# start within the queue-wait bound and finish for clients that are still there: useful
-# throughput (output tokens of completions within the client's deadline) stays ≥ 90 % of the
-# throughput at capacity. The two loads alternate (twice each). This machine is shared, so the
-# worker's CPU share moves between phases; the assertions are on what shedding decides — the
-# engine as full as at capacity, no generated token wasted on a client that was gone, clients
-# served in time — and the raw throughput ratio is printed (docs/operations.md).
+# Overload on the default settings (one real `fleetlm serve`, the shipped model, CPU): offered 3×
+# what the fleet sustains, admission refuses what the fleet cannot start in time (503
+# `overloaded` with a Retry-After) instead of letting every admitted stream crawl. The worker
+# takes only what its engine can start at the TPOT target (its running set stays within the
+# `max_running` its step prices give), the rest waits in Redis where admission counts it, and
+# the requests admitted get their first token well within the bound and finish about as fast as
+# at capacity.
+#
+# This machine is shared (2 cores, other jobs): the assertions are on what admission and the
+# worker decide, with margins — a 20 s first-token limit against the 10 s bound admission
+# predicts against, 3× the at-capacity median for a whole stream — never on a race.
 from __future__ import annotations
 
+import json
+import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 import pytest
 
+from service.settings import DEFAULT_MODEL, Settings
 from tests.faults.conftest import completion_body, fault_server
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(420)
 
-MAX_TOKENS = 384
-MAX_QUEUE_WAIT_S = 2.0
-DEADLINE_S = 10.0  # a client gives up (hangs up) after this long
-WARMUP_S, WINDOW_S = 2.0, 8.0
-ROUNDS = 2
-MAX_NUM_SEQS = 4  # a small fleet: capacity a few requests per second
-WORKER_MAX_WAITING = 2
-# At capacity the engine is full and nothing waits in the queue: the closed loop keeps every
-# slot and the worker's waiting room busy. (Twice the slots queued ~800 tokens in Redis, a
-# predicted wait over the bound whenever the machine ran slow, and requests were shed.)
-CAPACITY_CLIENTS = MAX_NUM_SEQS + WORKER_MAX_WAITING
-WORKER_ENV = {
-    "FLEETLM_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
-    "FLEETLM_WORKER_MAX_WAITING": str(WORKER_MAX_WAITING),
-    "FLEETLM_MAX_QUEUE_WAIT_S": str(MAX_QUEUE_WAIT_S),
-    "FLEETLM_METRICS_SNAPSHOT_S": "0.1",  # the generated-token counter, read at window edges
+MODEL = "fleetlm-tiny-chat"
+MAX_TOKENS = 100
+FIRST_TOKEN_LIMIT_S = 20.0
+WARMUP_S, CAPACITY_S, OVERLOAD_S = 8.0, 20.0, 20.0
+DEFAULTS = Settings.model_fields
+# The defaults, but for faster metrics snapshots (the monitor reads the stats): the shipped
+# model, its KV pool sized from memory, the default admission bounds (the fault scenarios'
+# shared settings raise them).
+DEFAULT_ENV: dict[str, str | None] = {
+    "FLEETLM_MODEL": DEFAULT_MODEL,
+    "FLEETLM_NUM_KV_BLOCKS": None,
+    "FLEETLM_MAX_QUEUE_WAIT_S": None,
+    "FLEETLM_BATCH_MAX_QUEUE_WAIT_S": None,
+    "FLEETLM_METRICS_SNAPSHOT_S": "0.25",
 }
 
 
@@ -46,218 +50,175 @@ class Outcome:
     request_id: str | None = None
     retry_after: int | None = None
     code: str | None = None
+    first_token_s: float | None = None
+    e2e_s: float | None = None
+    finish_reason: str | None = None
+    error: dict | None = None
+    exception: str | None = None
 
 
-def one_request(server, client: httpx.Client, out: Outcome) -> None:
+def one_stream(server, http: httpx.Client, body: dict, out: Outcome) -> None:
+    started = time.monotonic()
     try:
-        r = client.post(
+        with http.stream(
+            "POST",
             server.base_url + "/v1/completions",
-            json=completion_body(MAX_TOKENS, stream=False),
+            json=body,
             headers={"Authorization": f"Bearer {server.key}"},
-            timeout=DEADLINE_S,
-        )
-    except httpx.TimeoutException:
-        return  # gave up: whatever it got is wasted
-    out.status, out.request_id = r.status_code, r.headers.get("x-request-id")
-    if r.status_code != 200:
-        out.code = r.json()["error"]["code"]
-        out.retry_after = int(r.headers.get("retry-after", 0))
+            timeout=180,
+        ) as r:
+            out.status, out.request_id = r.status_code, r.headers.get("x-request-id")
+            if r.status_code != 200:
+                out.code = json.loads(r.read())["error"]["code"]
+                out.retry_after = int(r.headers.get("retry-after", 0))
+                return
+            for line in r.iter_lines():
+                data = line.removeprefix("data: ")
+                if not line.startswith("data: ") or data == "[DONE]":
+                    continue
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    out.error = chunk["error"]
+                    continue
+                for choice in chunk["choices"]:
+                    if choice.get("text") and out.first_token_s is None:
+                        out.first_token_s = time.monotonic() - started
+                    out.finish_reason = choice.get("finish_reason") or out.finish_reason
+    except Exception as exc:  # asserted on below
+        out.exception = repr(exc)
+    out.e2e_s = time.monotonic() - started
 
 
-def useful_tokens(server, outcomes: list[Outcome], start: float) -> float:
-    """Output tokens generated inside the measuring window for requests whose client got its
-    answer (in time): each completed request's tokens spread over its generation, from its first
-    token to its end (usage rows), so a window counts partial requests, not whole ones."""
-    lo, hi = start + WARMUP_S, start + WARMUP_S + WINDOW_S
-    ids = [o.request_id for o in outcomes if o.status == 200]
-    total = 0.0
-    for row in server.usage_rows(ids, timeout_s=60):
-        first = row.created_at.timestamp() + row.ttft_ms / 1000
-        end = row.finished_at.timestamp()
-        overlap = max(0.0, min(end, hi) - max(first, lo))
-        total += row.completion_tokens * overlap / max(end - first, 1e-6)
-    return total
+def body() -> dict:
+    return completion_body(MAX_TOKENS, model=MODEL)
 
 
 def http_client() -> httpx.Client:
-    """One pooled client per load: connections are reused, so the load generator's own CPU (on
-    the machine it shares with the server) stays small."""
-    return httpx.Client(limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
+    return httpx.Client(limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
 
 
-def closed_loop(server, clients: int, start: float) -> tuple[list[Outcome], float]:
-    """More clients than sequence slots, each sending again as soon as it has its answer: the
-    engine always has work waiting, which is its capacity."""
+def closed_loop(server, clients: int, duration_s: float) -> list[Outcome]:
+    """Each client sends again as soon as its stream ends: the engine always has work."""
     outcomes: list[Outcome] = []
-    stop = start + WARMUP_S + WINDOW_S
+    stop = time.monotonic() + duration_s
 
     def client(http: httpx.Client) -> None:
-        while time.time() < stop:
-            out = Outcome(time.time())
+        while time.monotonic() < stop:
+            out = Outcome(time.monotonic())
             outcomes.append(out)
-            one_request(server, http, out)
+            one_stream(server, http, body(), out)
+            if out.retry_after:  # refused: a well-behaved client comes back when told
+                time.sleep(out.retry_after)
 
     with http_client() as http:
-        threads = [
-            threading.Thread(target=client, args=(http,), daemon=True) for _ in range(clients)
-        ]
+        threads = [threading.Thread(target=client, args=(http,)) for _ in range(clients)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=WARMUP_S + WINDOW_S + DEADLINE_S + 30)
-    return outcomes, start
+            t.join(timeout=duration_s + 240)
+    return outcomes
 
 
-def open_loop(server, rate: float, start: float) -> tuple[list[Outcome], float]:
+def open_loop(server, rate: float, duration_s: float) -> list[Outcome]:
     """Arrivals at `rate` whatever happens to them."""
     outcomes: list[Outcome] = []
     threads: list[threading.Thread] = []
+    start = time.monotonic()
     with http_client() as http:
-        for i in range(int(rate * (WARMUP_S + WINDOW_S))):
+        for i in range(int(rate * duration_s)):
             due = start + i / rate
-            while (now := time.time()) < due:
+            while (now := time.monotonic()) < due:
                 time.sleep(min(0.01, due - now))
             out = Outcome(now)
             outcomes.append(out)
-            t = threading.Thread(target=one_request, args=(server, http, out), daemon=True)
+            t = threading.Thread(target=one_stream, args=(server, http, body(), out))
             t.start()
             threads.append(t)
         for t in threads:
-            t.join(timeout=DEADLINE_S + 30)
-    return outcomes, start
-
-
-def generated_tokens(server) -> float:
-    """Output tokens the worker generated so far, useful or not (vllm:generation_tokens). A
-    read that fails or finds no counter (a busy API, a snapshot between writes) is retried."""
-
-    def read() -> float | None:
-        try:
-            r = httpx.get(
-                server.base_url + "/metrics",
-                headers={"Authorization": f"Bearer {server.admin_key}"},
-                timeout=10,
-            )
-        except httpx.HTTPError:
-            return None
-        prefix = "vllm:generation_tokens_total"
-        lines = [ln for ln in r.text.splitlines() if ln.startswith(prefix)]
-        if r.status_code != 200 or not lines:
-            return None
-        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
-
-    return wait_until(read, 30, "the worker's generation counter in /metrics", 0.1)
+            t.join(timeout=240)
+    return outcomes
 
 
 class WorkerMonitor:
-    """Over a phase's measuring window: the output tokens the worker generated and how often
-    every sequence slot of its engine was taken (a sample every 0.25 s). This machine is shared:
-    CPU that other processes take from the worker moves both phases' throughput, but not the
-    share of generated tokens that was useful, nor how full the engine was."""
+    """The worker's running set, waiting queue and max_running, sampled every 0.25 s."""
 
-    def __init__(self, server, start: float) -> None:
-        self.server, self.start = server, start
-        self.generated = 0.0
-        self.samples: list[bool] = []
-        self.error: BaseException | None = None  # an exception of the thread, raised by join()
+    def __init__(self, server) -> None:
+        self.server = server
+        self.samples: list[dict] = []
+        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        try:
-            self._measure()
-        except BaseException as exc:  # a silent thread would leave generated at 0
-            self.error = exc
-
-    def _measure(self) -> None:
-        lo, hi = self.start + WARMUP_S, self.start + WARMUP_S + WINDOW_S
-        while time.time() < lo:
-            time.sleep(0.02)
-        before = generated_tokens(self.server)
-        while time.time() < hi:
+        while not self.stop.wait(0.25):
             try:
                 stats = self.server.workers_stats()
             except httpx.HTTPError:  # the API busy answering 3x the requests: no sample
-                stats = []
-            if len(stats) == 1:
-                self.samples.append(stats[0]["num_running"] == MAX_NUM_SEQS)
-            time.sleep(min(0.25, max(0.0, hi - time.time())))
-        self.generated = generated_tokens(self.server) - before
+                continue
+            self.samples += stats
 
-    def join(self) -> None:
-        self.thread.join(timeout=WARMUP_S + WINDOW_S + 90)
-        assert not self.thread.is_alive(), "the worker monitor did not finish"
-        if self.error is not None:
-            raise self.error
+    def join(self) -> list[dict]:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        return self.samples
 
 
-@dataclass
-class Phase:
-    tokens: float = 0.0  # useful output tokens in the measuring windows
-    generated: float = 0.0  # all output tokens generated in them
-    samples: list[bool] = field(default_factory=list)
-    outcomes: list[Outcome] = field(default_factory=list)
+def test_overload_on_the_default_settings_is_refused_not_crawled(tmp_path_factory):
+    srv = fault_server(tmp_path_factory, "overload", workers=1, **DEFAULT_ENV)
 
-    def add(self, server, outcomes: list[Outcome], start: float, monitor: WorkerMonitor) -> None:
-        monitor.join()
-        self.outcomes += outcomes
-        self.tokens += useful_tokens(server, outcomes, start)
-        self.generated += monitor.generated
-        self.samples += monitor.samples
-
-    @property
-    def per_s(self) -> float:
-        return self.tokens / (ROUNDS * WINDOW_S)
-
-    @property
-    def useful_share(self) -> float:
-        return self.tokens / max(self.generated, 1.0)
-
-    @property
-    def full_fraction(self) -> float:
-        return sum(self.samples) / max(len(self.samples), 1)
-
-
-def test_useful_throughput_at_3x_overload_stays_at_capacity(tmp_path_factory):
-    srv = fault_server(tmp_path_factory, "overload", workers=1, **WORKER_ENV)
-
-    def idle():
+    def priced():
         (w,) = srv.workers_stats()
-        return w["num_running"] == 0 and w["num_waiting"] == 0
+        return w if "decode_token_s" in w and w["num_running"] == w["num_waiting"] == 0 else None
 
-    capacity, overload = Phase(), Phase()
     try:
-        for i in range(ROUNDS):
-            start = time.time()
-            monitor = WorkerMonitor(srv, start)
-            capacity.add(srv, *closed_loop(srv, CAPACITY_CLIENTS, start), monitor)
-            # The rate the fleet sustained so far, in requests per second: 3× that comes next.
-            rate = capacity.tokens / MAX_TOKENS / ((i + 1) * WINDOW_S)
-            wait_until(idle, 30, "the worker to be idle")
-            start = time.time()
-            monitor = WorkerMonitor(srv, start)
-            overload.add(srv, *open_loop(srv, 3 * rate, start), monitor)
-            wait_until(idle, 30, "the worker to be idle")
+        # Enough work for the worker's step prices to be fitted, then capacity: a closed loop
+        # of twice as many clients as the worker runs at once, so that its running set is
+        # always full and as many wait for a seat.
+        closed_loop(srv, 8, WARMUP_S)
+        stats = wait_until(priced, 60, "the worker's step prices and an idle worker", 0.2)
+        capacity = closed_loop(srv, 2 * int(stats["max_running"]), CAPACITY_S)
+        served = [o for o in capacity if o.finish_reason == "length"]
+        rate = len(served) / CAPACITY_S
+        wait_until(priced, 60, "the worker to be idle", 0.2)
+        monitor = WorkerMonitor(srv)
+        overload = open_loop(srv, 3 * rate, OVERLOAD_S)
+        samples = monitor.join()
+        wait_until(priced, 60, "the worker to be idle", 0.2)
+        rows = srv.usage_rows([o.request_id for o in overload if o.status == 200], timeout_s=60)
     finally:
         assert srv.stop() == 0, srv.log()
-    shed = [o for o in overload.outcomes if o.status == 503]
-    gave_up = [o for o in overload.outcomes if o.status is None]
+
+    at_capacity = statistics.median(o.e2e_s for o in served)
+    admitted = [o for o in overload if o.status == 200]
+    refused = [o for o in overload if o.status == 503]
+    e2e = sorted(o.e2e_s for o in admitted)
+    first = sorted(o.first_token_s or 0.0 for o in admitted)
+    p90 = int(0.9 * len(admitted))
     print(
-        f"overload: capacity {capacity.per_s:.0f} tok/s ({rate:.2f} req/s, slots full "
-        f"{capacity.full_fraction:.0%}, useful share {capacity.useful_share:.0%}); at 3x: useful "
-        f"{overload.per_s:.0f} tok/s ({overload.per_s / capacity.per_s:.0%}), slots full "
-        f"{overload.full_fraction:.0%}, useful share {overload.useful_share:.0%}, {len(shed)} of "
-        f"{len(overload.outcomes)} shed (Retry-After {sorted({o.retry_after for o in shed})}), "
-        f"{len(gave_up)} gave up"
+        f"overload: capacity {rate:.2f} req/s (max_running {stats['max_running']}, median "
+        f"{at_capacity:.1f} s); at 3x: {len(refused)} of {len(overload)} refused (Retry-After "
+        f"{sorted({o.retry_after for o in refused})}); admitted: first token max "
+        f"{first[-1]:.1f} s p90 {first[p90]:.1f} s, e2e median {statistics.median(e2e):.1f} s "
+        f"p90 {e2e[p90]:.1f} s max {e2e[-1]:.1f} s; running max "
+        f"{max(s['num_running'] for s in samples)}, preemptions {sum(r.preemptions for r in rows)}"
     )
-    statuses = [(o.status, o.code) for o in capacity.outcomes if o.status not in (None, 200)]
-    assert not statuses, f"at capacity: {statuses}"
-    assert 0.9 <= capacity.useful_share <= 1.1  # the two measures agree where nothing is wasted
-    # The engine kept as full as at capacity, and nothing of what it generated wasted on clients
-    # that were gone: together, the useful throughput at capacity, whatever CPU the worker got.
-    assert overload.full_fraction >= 0.9 * capacity.full_fraction
-    assert overload.useful_share >= 0.9 * capacity.useful_share
-    assert shed and {o.code for o in shed} == {"overloaded"}
-    assert all(o.retry_after >= 1 for o in shed)
-    # What it admits starts in time (without shedding, 101 of 165 clients gave up here).
-    assert len(gave_up) <= 0.1 * len(overload.outcomes)
+    assert not [(o.status, o.code, o.exception) for o in capacity if o.status not in (200, 503)]
+    # Some are refused, each with an honest Retry-After; every other one is admitted.
+    assert refused and {o.code for o in refused} == {"overloaded"}
+    assert all(o.retry_after >= 1 for o in refused)
+    assert len(admitted) + len(refused) == len(overload), [o.exception for o in overload]
+    # What is admitted runs to its end, gets its first token in time and ends about as fast as
+    # at capacity: nothing crawls.
+    assert all(o.finish_reason == "length" and o.error is None for o in admitted)
+    assert first[-1] <= FIRST_TOKEN_LIMIT_S
+    assert e2e[p90] <= 3 * at_capacity
+    assert {r.status for r in rows} == {"length"}
+    # The worker took only what it could start at the TPOT target: its running set stayed within
+    # the max_running its prices gave (the default max_num_seqs is 256), the rest waited in Redis.
+    # (Sampled every 0.25 s, the running set may outlast a max_running that has since dropped.)
+    waiting_room = DEFAULTS["worker_max_waiting"].default
+    most = max(s["max_running"] for s in samples) + waiting_room
+    assert max(s["num_running"] for s in samples) <= min(
+        most, DEFAULTS["max_num_seqs"].default // 4
+    )
+    assert all(s["num_waiting"] <= waiting_room for s in samples)

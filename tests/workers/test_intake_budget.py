@@ -1,0 +1,112 @@
+# What a worker may take into its engine (workers/intake_budget.py): only what the engine can
+# start and still serve at the TPOT target, with KV headroom; interactive requests count the
+# seats and KV of running batch requests as theirs. A real engine (tiny preset, CPU) and step
+# prices fit on a synthetic machine's turns (workers/step_prices.py).
+from __future__ import annotations
+
+import random
+
+from engine import LLMEngine, SamplingParams
+from engine.config import EngineConfig
+from engine.step_cost import StepFeatures, chunk_pairs
+from service.settings import Settings
+from workers.intake_budget import intake_budget
+from workers.load_report import LoadReport
+from workers.step_prices import StepPrices
+
+# A synthetic machine: 10 ms fixed per turn, 20 ms more with a prompt chunk, 5 ms per decode
+# row, 1 µs per context token read, 0.1 ms per prompt token, no attention-pair cost.
+TRUE = (0.010, 0.020, 0.005, 1e-6, 1e-4, 0.0)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+def fitted_prices() -> StepPrices:
+    rng = random.Random(0)
+    prices = StepPrices()
+    for _ in range(256):
+        decodes = rng.randint(0, 40)
+        chunk = rng.choice([0, 0, rng.randint(1, 512)])
+        f = StepFeatures(decodes, decodes * rng.randint(10, 200), chunk, chunk_pairs(chunk, 0))
+        prices.observe(f, float(f.vector() @ TRUE))
+    assert prices.fitted
+    return prices
+
+
+def report(prompt: int = 16, output: int = 32) -> LoadReport:
+    r = LoadReport()
+    r.on_finished(output, prompt)
+    return r
+
+
+def settings(**kw) -> Settings:
+    return Settings(_env_file=None, model="tiny", device="cpu", **kw)
+
+
+def engine(num_kv_blocks: int = 256, max_num_seqs: int = 256) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(model="tiny", device="cpu", num_kv_blocks=num_kv_blocks,
+                     max_num_seqs=max_num_seqs)
+    )  # fmt: skip
+
+
+def run(eng: LLMEngine, n: int, priority: str = "interactive", prefix: str = "r") -> None:
+    for i in range(n):
+        eng.add_request(f"{prefix}{i}", list(range(1, 17)), GREEDY, priority)
+    eng.step()
+
+
+def test_the_running_set_stops_at_what_the_tpot_target_allows():
+    # 10 ms + (5 ms + 1 µs × 32 tokens) per row ≤ 40 ms: at most 5 rows.
+    prices, eng = fitted_prices(), engine()
+    budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
+    assert budget.max_running == 5 and budget.room == 5
+    run(eng, 3)
+    budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
+    assert budget.room == budget.interactive_room == 2 and budget.limited_by == "seats"
+    run(eng, 2, prefix="s")
+    budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
+    assert budget.room == 0 and budget.decode_step_s <= 0.04
+    # A looser target lets the engine take more; the worker's waiting room still caps a turn.
+    loose = intake_budget(eng, prices, report(), settings(tpot_target_s=0.2, worker_max_waiting=4))
+    assert loose.room == 4 and loose.limited_by == "waiting"
+
+
+def test_kv_headroom_holds_back_what_would_need_preemption():
+    # 16 blocks of 16 tokens; the mean request (16 + 32 tokens) needs 3; 10 % headroom keeps 2.
+    prices, eng = fitted_prices(), engine(num_kv_blocks=16)
+    budget = intake_budget(eng, prices, report(), settings(tpot_target_s=1.0))
+    assert budget.room == (16 - 2) // 3 and budget.limited_by == "kv"
+    run(eng, 4)  # each holds 2 blocks now and will need 3: 12 committed
+    budget = intake_budget(eng, prices, report(), settings(tpot_target_s=1.0))
+    assert budget.room == 0 and budget.limited_by == "kv"
+
+
+def test_an_idle_engine_always_takes_one():
+    prices, eng = fitted_prices(), engine(num_kv_blocks=2)
+    budget = intake_budget(eng, prices, report(prompt=100, output=100), settings())
+    assert budget.room == budget.interactive_room == 1
+
+
+def test_interactive_requests_count_running_batch_seats_and_kv_as_theirs():
+    prices, eng = fitted_prices(), engine()
+    run(eng, 5, "batch")
+    budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
+    assert budget.room == 0
+    assert budget.interactive_room == 5
+
+
+def test_waiting_work_is_priced_per_priority():
+    prices, eng = fitted_prices(), engine(max_num_seqs=1)
+    run(eng, 1)
+    eng.add_request("chat", list(range(1, 101)), GREEDY, "interactive")
+    eng.add_request("flex", list(range(1, 201)), GREEDY, "batch")
+    budget = intake_budget(eng, prices, report(), settings())
+    # 100 prompt tokens (+ the eager turn) and 32 expected output tokens at the TPOT rows' price
+    chat = 0.020 + 100 * 1e-4 + 32 * budget.decode_token_s
+    assert abs(budget.waiting_work_s["interactive"] - chat) < 0.1 * chat
+    assert budget.waiting_work_s["batch"] > budget.waiting_work_s["interactive"]
+    assert budget.oldest_waiting_s >= 0.0
+    fields = budget.fields()
+    assert {"prefill_token_s", "decode_token_s", "startable", "startable_interactive"} <= set(
+        fields
+    )

@@ -1,0 +1,145 @@
+# How many queue entries a worker may take into its engine this turn: only what the engine can
+# start and still serve at the TPOT target. Everything else stays in Redis, where every worker
+# can steal it and admission sees it (api/load_shedding.py), so overload shows up as refusals at
+# the API, never as a running set so large that every stream crawls. Per turn, the least of:
+#
+#   waiting  worker_max_waiting minus the requests already in the engine's waiting queue
+#   seats    the running set the TPOT target allows (the decode turn the step prices predict
+#            for that many rows of the mean context stays within tpot_target_s; max_num_seqs
+#            until the prices are fitted) minus what runs and waits. A machine whose lone
+#            stream's turn is already near the target (a loaded CPU) batches until its turn is
+#            LONE_TURN_FACTOR times a lone stream's instead: half its best throughput, rather
+#            than one stream at a time
+#   kv       free KV blocks, less what the running and waiting requests still need to reach
+#            their expected length and a kv_headroom share of the pool, in blocks of the mean
+#            request: admission keeps headroom so that preemption stays a transient event
+#
+# An idle engine always takes one (one that does not fit the whole pool fails explicitly).
+# The same pass prices the engine's waiting queue per priority (prefill of what is not computed
+# plus the expected output still to come), which the worker publishes for admission.
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from engine import LLMEngine
+from engine.request import Priority
+from service.settings import Settings
+from workers.load_report import LoadReport
+from workers.step_prices import StepPrices
+
+# The TPOT target is never below this many lone-stream turns. At t(B) = 2·t(1) a running set of B
+# streams gets about half the throughput of an unbounded one (t(B) ≈ t(1) + B·row): on a GPU the
+# target is the lower of the two (an 8B's lone turn ~5 ms, a 70B FP8's ~17 ms on an H200).
+LONE_TURN_FACTOR = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeBudget:
+    room: int  # queue entries the engine may take now
+    # ... of interactive ones, which take the seats and KV of running batch requests (the
+    # scheduler preempts those for them): batch work never holds interactive work back
+    interactive_room: int
+    limited_by: str  # waiting | seats | kv
+    max_running: int  # the running set the TPOT target allows
+    prefill_token_s: float | None = None  # a prompt token of the mean prompt (None: unpriced)
+    decode_token_s: float | None = None  # an output token, at max_running rows
+    decode_step_s: float | None = None  # the running set's predicted decode turn
+    # priority → seconds of work waiting in the engine (its prefill and expected output)
+    waiting_work_s: dict[str, float] = field(default_factory=dict)
+    oldest_waiting_s: float = 0.0  # age of the longest-waiting request in the engine
+
+    def fields(self) -> dict[str, str]:
+        """For the worker's stats hash (read by api/load_shedding.py)."""
+        out = {
+            "startable": str(self.room),
+            "startable_interactive": str(self.interactive_room),
+            "limited_by": self.limited_by,
+            "max_running": str(self.max_running),
+            "oldest_waiting_s": f"{self.oldest_waiting_s:.3f}",
+        }
+        if self.prefill_token_s is not None and self.decode_token_s is not None:
+            out["prefill_token_s"] = f"{self.prefill_token_s:.6g}"
+            out["decode_token_s"] = f"{self.decode_token_s:.6g}"
+        if self.decode_step_s is not None:
+            out["decode_step_s"] = f"{self.decode_step_s:.6g}"
+        for priority, seconds in self.waiting_work_s.items():
+            out[f"waiting_work_s_{priority}"] = f"{seconds:.3f}"
+        return out
+
+
+def intake_budget(
+    engine: LLMEngine, prices: StepPrices, report: LoadReport, settings: Settings
+) -> IntakeBudget:
+    scheduler, bm = engine.scheduler, engine.block_manager
+    num_running, num_waiting = len(scheduler.running), scheduler.num_waiting
+    mean_prompt = max(1.0, report.mean_prompt_tokens)
+    mean_output = max(1.0, report.mean_output_tokens)
+    context_per_row = mean_prompt + mean_output / 2  # a running request, half way through
+
+    max_running = settings.max_num_seqs
+    prefill_token_s = decode_token_s = decode_step_s = None
+    if prices.fitted:
+        lone = prices.decode_step_s(1, int(context_per_row))
+        target = max(settings.tpot_target_s, LONE_TURN_FACTOR * lone)
+        max_running = prices.max_rows(target, context_per_row, max_running)
+        rows = max_running
+        decode_token_s = prices.decode_step_s(rows, int(rows * context_per_row)) / rows
+        prefill_token_s = prices.prefill_s(int(mean_prompt)) / mean_prompt
+        context = sum(r.num_tokens for r in scheduler.running)
+        decode_step_s = prices.decode_step_s(num_running, context) if num_running else 0.0
+    elif report.tokens_per_s > 0:  # not fitted yet: every token at the measured mean rate
+        prefill_token_s = decode_token_s = 1.0 / report.tokens_per_s
+
+    expected = math.ceil(mean_output)
+    outlook = engine.scheduler.kv_outlook(expected)
+    per_request = bm.num_blocks_for(math.ceil(mean_prompt) + expected)
+    headroom = math.ceil(settings.kv_headroom * bm.num_blocks)
+    batch = [r for r in scheduler.requests.values() if r.priority is Priority.BATCH]
+    batch_held, batch_more = outlook[Priority.BATCH]
+    interactive_more = outlook[Priority.INTERACTIVE][1]
+
+    def limits_of(others: int, free_blocks: int, more: int) -> dict[str, int]:
+        return {
+            "waiting": settings.worker_max_waiting - num_waiting,
+            "seats": max_running - others,
+            "kv": (free_blocks - more - headroom) // per_request,
+        }
+
+    free = bm.num_free_blocks
+    every = limits_of(num_running + num_waiting, free, interactive_more + batch_more)
+    interactive = limits_of(
+        num_running + num_waiting - len(batch), free + batch_held, interactive_more
+    )
+    limited_by = min(every, key=every.__getitem__)
+    room, interactive_room = max(0, every[limited_by]), max(0, min(interactive.values()))
+    if num_running == num_waiting == 0 and every["waiting"] > 0:
+        room = interactive_room = max(room, 1)
+
+    now = time.time()
+    work = {p.name.lower(): 0.0 for p in Priority}
+    oldest = 0.0
+    for priority, queue in scheduler.waiting.items():
+        for r in queue:
+            oldest = max(oldest, now - r.arrival_time)
+            if prefill_token_s is None or decode_token_s is None:
+                continue
+            to_prefill = r.num_tokens - r.num_computed_tokens
+            out_total = min(r.max_tokens, max(expected, r.num_output_tokens + 1))
+            to_decode = max(0, out_total - r.num_output_tokens)
+            prefill = (
+                prices.prefill_s(to_prefill) if prices.fitted else to_prefill * prefill_token_s
+            )
+            work[priority.name.lower()] += prefill + to_decode * decode_token_s
+    return IntakeBudget(
+        room=room,
+        interactive_room=interactive_room,
+        limited_by=limited_by,
+        max_running=max_running,
+        prefill_token_s=prefill_token_s,
+        decode_token_s=decode_token_s,
+        decode_step_s=decode_step_s,
+        waiting_work_s=work,
+        oldest_waiting_s=oldest,
+    )

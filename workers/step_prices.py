@@ -1,0 +1,70 @@
+# What work costs on this worker, in seconds of its step loop, for the two decisions that keep
+# overload from turning into crawling streams: how many requests the engine may run at once and
+# still hold the TPOT target (workers/intake_budget.py), and how long the work admitted and not
+# yet started will take (published in the worker's stats for the API's admission,
+# api/load_shedding.py).
+#
+# The model is engine/step_cost.py's (a fixed cost, decode rows and their context, prefill
+# tokens and their attention pairs), fit here on whole loop turns rather than on the engine's
+# step alone: a client waits for the turn, host work and the Redis round trip included (on a
+# CPU worker the step is only ~60 % of it). It prices the model actually loaded, measured on the
+# machine it runs on. Until it has seen enough steps nothing is priced (None): the worker then
+# takes work by its seat and waiting-room limits alone, and admission falls back on the
+# tokens-per-second rate (workers/load_report.py).
+from __future__ import annotations
+
+from engine.step_cost import StepCostModel, StepFeatures, chunk_pairs
+
+# A fit every 16 turns over the last 1,024: a fresh worker is priced after its first second or
+# two of work. The long window keeps the shape (what a row, a context token, a prompt token add)
+# identified even while the running set sits at one size for a long time; the level follows the
+# machine within a few dozen turns through `scale`, the recent ratio of measured to predicted
+# turns (a CPU shared with the API slows down under overload): admission's predictions are only
+# as good as that.
+WINDOW, MIN_SAMPLES, REFIT_EVERY = 1024, 32, 16
+SCALE_ALPHA = 0.05  # weight of the newest turn in `scale`
+# A decode row costs at least this share of the fixed turn: a fit that found rows free (the
+# running set never varied) must not promise an unbounded running set.
+MIN_ROW_SHARE = 1 / 256
+
+
+class StepPrices:
+    def __init__(self, model: StepCostModel | None = None) -> None:
+        self.model = model or StepCostModel(WINDOW, MIN_SAMPLES, REFIT_EVERY)
+        self.scale = 1.0  # measured / predicted turn time, recently
+
+    @property
+    def fitted(self) -> bool:
+        return self.model.fitted
+
+    def observe(self, features: StepFeatures | None, turn_s: float) -> None:
+        if features is None or not (features.decodes or features.prefill_tokens):
+            return
+        if self.model.fitted:
+            predicted = self.model.predict(features)
+            if predicted > 0:
+                ratio = min(5.0, max(0.2, turn_s / predicted))
+                self.scale += SCALE_ALPHA * (ratio - self.scale)
+        self.model.observe(features, turn_s)
+
+    def decode_step_s(self, rows: int, context: int) -> float:
+        """A decode-only turn of `rows` requests holding `context` tokens in all."""
+        return self.scale * self.model.predict(StepFeatures(rows, context, 0, 0.0))
+
+    def prefill_s(self, tokens: int, computed: int = 0) -> float:
+        """The extra turn time `tokens` prompt tokens (after `computed` cached or done ones)
+        add, in one chunk beside whatever else the step carries."""
+        if tokens <= 0:
+            return 0.0
+        w = self.model.weights
+        return self.scale * float(w[1] + w[4] * tokens + w[5] * chunk_pairs(tokens, computed))
+
+    def max_rows(self, target_s: float, context_per_row: float, limit: int) -> int:
+        """The largest running set (≤ limit) whose decode turn stays within target_s; never
+        below 1, so a machine slower than the target still serves one stream at a time."""
+        w = self.model.weights
+        fixed = self.scale * w[0]
+        per_row = self.scale * max(w[2] + w[3] * context_per_row, MIN_ROW_SHARE * w[0])
+        if per_row <= 0:
+            return limit
+        return max(1, min(limit, int((target_s - fixed) / per_row)))
