@@ -59,6 +59,11 @@ class EngineConfig:
     # max_num_batched_tokens budget may go to prefill, as without the model).
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
+    # With a target, prompts still get the tokens their deadlines need: a short interactive
+    # prompt's first token is due ttft_target_s after arrival, a long one's at its length over
+    # long_prompt_tokens_per_s (engine/step_cost.py PrefillPolicy).
+    ttft_target_s: float = 0.8
+    long_prompt_tokens_per_s: float = 4000.0
     ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
     # The order of prompt chunks in a step (engine/prefill_order.py): short prompts' before long
     # ones' (off: interactive before batch, each in arrival order), and a long prompt's chunk
@@ -140,5 +145,7 @@ class EngineConfig:
             )
         if self.long_prefill_chunk < 0:
             raise ValueError("long_prefill_chunk must be >= 0 (0: no cap)")
+        if self.ttft_target_s <= 0 or self.long_prompt_tokens_per_s <= 0:
+            raise ValueError("ttft_target_s and long_prompt_tokens_per_s must be positive")
         if self.prefill_ttft_guard_s < 0 or self.ttft_prompt_tokens < 1:
             raise ValueError("prefill_ttft_guard_s must be >= 0 and ttft_prompt_tokens >= 1")

@@ -82,6 +82,8 @@ class LLMEngine:
             self.prefill_policy = PrefillPolicy(
                 config.step_time_target_s,
                 ttft_guard_s=config.prefill_ttft_guard_s,
+                ttft_target_s=config.ttft_target_s,
+                long_prompt_tokens_per_s=config.long_prompt_tokens_per_s,
                 ttft_prompt_tokens=config.ttft_prompt_tokens,
             )
         self.scheduler = Scheduler(

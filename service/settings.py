@@ -111,6 +111,8 @@ class Settings(BaseSettings):
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3
     ttft_prompt_tokens: int = 4000
+    ttft_target_s: float = Field(0.8, gt=0)  # with a target: when a short prompt's token is due
+    long_prompt_tokens_per_s: float = Field(4000.0, gt=0)  # ... and a long one's, by its length
     short_prefill_first: bool = True  # short prompts' chunks before long ones' (prefill_order.py)
     long_prefill_chunk: int = Field(2048, ge=0)  # a long prompt's chunk beside others (0: no cap)
     # Overlapped scheduling (docs/serving.md#overlapped-scheduling): step N+1 launches before

@@ -123,3 +123,46 @@ def test_without_a_target_or_a_fit_nothing_changes():
     assert results[0] == results[1]
     policy = PrefillPolicy(0.04, ttft_guard_s=0.3, ttft_prompt_tokens=4000)
     assert policy.allowance([], [], 8192, time.time()) == 8192
+
+
+class _Req:
+    def __init__(self, prompt: int, computed: int = 0, age_s: float = 0.0, batch: bool = False):
+        from engine.request import Priority
+
+        self.priority = Priority.BATCH if batch else Priority.INTERACTIVE
+        self.num_prompt_tokens = prompt
+        self.num_computed_tokens = computed
+        self.num_tokens = prompt
+        self.arrival_time = time.time() - age_s
+
+
+def test_a_target_the_decodes_already_exceed_still_moves_prompts_by_their_deadlines():
+    # Why step_time_target_s made the 70B worse: its decode step alone took about the target,
+    # so the target's allowance was 0 and prompts crept at 1 token a step until the TTFT guard
+    # handed one the whole budget. The deadline term spreads each prompt over its steps left.
+    model = fitted_model()
+    decodes = [_Req(2000) for _ in range(200)]  # 200 rows x 2,000 context: ~28 ms of decode
+    decode_s = model.predict(StepFeatures(200, 400_000, 0, 0.0))
+    target = decode_s * 0.9
+    assert model.max_prefill_tokens(200, 400_000, 0, target, limit=8192) == 0
+    policy = PrefillPolicy(target, ttft_guard_s=0.3, ttft_prompt_tokens=4000, model=model)
+    now = time.time()
+    fresh = _Req(2000)  # just arrived: its 2,000 tokens over ~0.8 s of steps
+    share = policy.allowance(decodes, [fresh], 8192, now)
+    steps_left = (fresh.arrival_time + 0.8 - now) / decode_s
+    assert share == pytest.approx(2000 / steps_left, rel=0.05)
+    assert 1 < share < 2000
+    # A long document is due later (its length at 4,000 tok/s): a smaller share per step.
+    doc = _Req(20_000, batch=True)
+    assert 1 < policy.allowance(decodes, [doc], 8192, now) < 20_000 * decode_s / 0.8
+    # Past its deadline (but not waited past the guard: a batch prompt), all that is left.
+    late = _Req(3000, computed=1000, age_s=30.0, batch=True)
+    assert policy.allowance(decodes, [late], 8192, now) == 2000
+
+
+def test_the_deadline_share_never_lowers_what_the_target_allows():
+    model = fitted_model()
+    policy = PrefillPolicy(0.040, ttft_guard_s=0.3, ttft_prompt_tokens=4000, model=model)
+    decodes = [_Req(1000) for _ in range(8)]
+    allowed = model.max_prefill_tokens(8, 8000, 0, 0.040, limit=8192 - 8)
+    assert policy.allowance(decodes, [_Req(100)], 8192, time.time()) == allowed
