@@ -35,7 +35,7 @@ serve: $(STAMP)
 	$(BIN)/fleetlm serve
 
 bench-cpu: $(STAMP)
-	$(BIN)/python benchmarks/scheduler_overhead.py
+	$(BIN)/python -m benchmarks.scheduler_overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -2,8 +2,8 @@
 # with a given torch thread count, times a 64-token streamed completion five times alone and five
 # times while another process spins in a busy loop, and prints the end-to-end seconds and the
 # median inter-token gap. docs/serving.md#cpu-workers has the figures.
-#   python benchmarks/cpu_neighbour.py                 # serve's own choice of threads
-#   python benchmarks/cpu_neighbour.py --threads 2     # torch's default on a 2-core machine
+#   python -m benchmarks.cpu_neighbour                 # serve's own choice of threads
+#   python -m benchmarks.cpu_neighbour --threads 2     # torch's default on a 2-core machine
 from __future__ import annotations
 
 import argparse

@@ -8,7 +8,7 @@
 #            the gap between kernels (graph launch bubbles), the attention kernel's KV rate.
 #   prefill  steps of only new prompt tokens (no decodes) at a few token counts: GPU ms against
 #            the FLOP floor at the measured matmul rate.
-#   python benchmarks/decode_breakdown.py [--model llama-3.1-8b] [--batches 1,32,128,256]
+#   python -m benchmarks.decode_breakdown [--model llama-3.1-8b] [--batches 1,32,128,256]
 #       [--context 700] [--parts gemm,decode,prefill] [--quantization fp8]
 #       [--kv-cache-dtype fp8] [--json out.json]
 from __future__ import annotations
@@ -16,12 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import traceback
 from collections import defaultdict
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch

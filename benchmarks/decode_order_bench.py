@@ -9,19 +9,16 @@
 #                  (e.g. `git show <rev>:kernels/paged_decode_attention.py > /tmp/base.py`),
 #                  rows in batch order
 # Every variant's output is checked equal to as_is's (the order changes only the launch order).
-#   python benchmarks/decode_order_bench.py [--base FILE] --json out.json
+#   python -m benchmarks.decode_order_bench [--base FILE] --json out.json
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.decode_split_sweep import HKV, D, make_inputs
 from benchmarks.prefill_cases import graph_time_ms

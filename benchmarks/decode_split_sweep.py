@@ -8,19 +8,16 @@
 # checked against the torch reference first. What balanced_num_splits picks over the counts the
 # engine captures is shown beside the best, and what the rule before it (longest / mean, counts
 # x1/x4/x16) picked.
-#   python benchmarks/decode_split_sweep.py --json out.json
+#   python -m benchmarks.decode_split_sweep --json out.json
 # Without a GPU (TRITON_INTERPRET=1) it runs two tiny shapes: a check of the script only.
 from __future__ import annotations
 
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.prefill_cases import graph_time_ms
 from kernels import paged_decode_attention as pda

@@ -4,7 +4,7 @@
 # the split rule and never swept for 16-bit caches (decode_fp8_sweep.py swept e4m3 tiles). Each
 # case is a CUDA-graph replay after an L2 flush, at the split count the engine picks, checked
 # against the torch reference (decode_split_sweep.timed).
-#   python benchmarks/decode_tile_sweep.py --json out.json [--best-to FILE]
+#   python -m benchmarks.decode_tile_sweep --json out.json [--best-to FILE]
 # --best-to writes the tile with the lowest summed time over the nano shapes as "n w s" (for a
 # job that then runs the engine with it).
 from __future__ import annotations
@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.decode_split_sweep import HKV, make_inputs, timed
 from kernels import paged_decode_attention as pda

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `fleetlm bench serve` on a lent GPU box, which has torch but not the serving stack and no
-# network: install the wheels carried in .whl/ (made here by `python benchmarks/fetch_wheels.py`,
+# network: install the wheels carried in .whl/ (made here by `python -m benchmarks.fetch_wheels`,
 # ~33 MiB; the device call names .whl in carry), then run the benchmark
 # with the given arguments. Everything lands in $OUT: bench.log, and with PROFILE_AFTER=seconds a
 # py-spy sample of the worker (PROFILE_FOR seconds, from PROFILE_AFTER seconds into the first

@@ -4,7 +4,7 @@
 # and writes the build time (Python filling the pipeline) and the io time (packing, Redis, the
 # replies), beside the same deltas sent as one XADD per request (how the outbox wrote them
 # before PUBLISH_SCRIPT), so the figure says what the script saves.
-#   python benchmarks/exchange_cost.py [--running 1,32,130,256] [--steps 300]
+#   python -m benchmarks.exchange_cost [--running 1,32,130,256] [--steps 300]
 #       [--json benchmarks/results/exchange_cost_cpu.json]
 # Host work only: no engine, no GPU. The loop's exchange_build_ms / exchange_io_ms in a served
 # run's step trace are the same two quantities with the rest of the round trip included.
@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
@@ -120,7 +119,7 @@ def main() -> None:
     finally:
         services.stop()
     result = {
-        "command": " ".join(["python", "benchmarks/exchange_cost.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "-m", "benchmarks.exchange_cost", *sys.argv[1:]]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
         f"Python {platform.python_version()}",

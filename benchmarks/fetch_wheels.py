@@ -3,7 +3,7 @@
 # runtime dependencies and theirs, at the versions installed in this .venv, minus what the
 # box's image already holds (IMAGE_HAS, from the device notes' package list), downloaded for
 # CPython 3.12 on manylinux x86-64 into .whl/.
-#   .venv/bin/python benchmarks/fetch_wheels.py [--dest .whl] [--dry-run]
+#   .venv/bin/python -m benchmarks.fetch_wheels [--dest .whl] [--dry-run]
 from __future__ import annotations
 
 import argparse

@@ -10,9 +10,9 @@
 #   engine8b   llama-3.1-8b on one GPU, `seed` at fixed rates: bf16, FP8 weights, FP8 weights +
 #              FP8 KV, bf16 + FP8 KV (each in its own process)
 # then a summary of every JSON found in --out beside the plan's predictions.
-#   python benchmarks/fp8_tp_bench.py --out $OUT --parts plan,tests,kernels
-#   python benchmarks/fp8_tp_bench.py --out $OUT --parts stream,serve70b    # serving wheels needed
-#   python benchmarks/fp8_tp_bench.py --out $OUT --parts engine8b --configs-8b bf16,fp8
+#   python -m benchmarks.fp8_tp_bench --out $OUT --parts plan,tests,kernels
+#   python -m benchmarks.fp8_tp_bench --out $OUT --parts stream,serve70b    # serving wheels needed
+#   python -m benchmarks.fp8_tp_bench --out $OUT --parts engine8b --configs-8b bf16,fp8
 from __future__ import annotations
 
 import argparse
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 MODEL_70B, MODEL_8B = "llama-3.1-70b", "llama-3.1-8b"  # --big-model / --small-model
 FP8_TP2 = {"FLEETLM_QUANTIZATION": "fp8", "FLEETLM_TENSOR_PARALLEL_SIZE": "2"}
@@ -75,7 +74,7 @@ def part_tests(out: Path, args) -> None:
 
 
 def part_kernels(out: Path, args) -> None:
-    subprocess.run([sys.executable, "benchmarks/kernel_bench.py", "--only", "fp8,decode",
+    subprocess.run([sys.executable, "-m", "benchmarks.kernel_bench", "--only", "fp8,decode",
                     "--json", str(out / "kernels_fp8.json")], cwd=ROOT)  # fmt: skip
 
 

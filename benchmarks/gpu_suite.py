@@ -1,7 +1,7 @@
 # The whole GPU suite in one device call: kernel checks and microbenchmarks, the engine on the
 # `nano` and `seed` workloads, the HF transformers peer, and the roofline for each — JSON under
 # --out and a short table at the end.
-#   python benchmarks/gpu_suite.py --out $OUT [--parts kernels,nano,seed,peer] [--quick]
+#   python -m benchmarks.gpu_suite --out $OUT [--parts kernels,nano,seed,peer] [--quick]
 from __future__ import annotations
 
 import argparse
@@ -13,8 +13,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -177,7 +175,7 @@ def main() -> None:
     parts = args.parts.split(",")
     if "kernels" in parts:
         log("kernels")
-        cmd = [sys.executable, "benchmarks/kernel_bench.py", "--json", str(out / "kernels.json")]
+        cmd = [sys.executable, "-m", "benchmarks.kernel_bench", "--json", str(out / "kernels.json")]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         print(proc.stdout[-6000:], proc.stderr[-3000:], flush=True)
         results["kernels_rc"] = proc.returncode

@@ -1,8 +1,8 @@
 """Micro-benchmarks of the Triton kernels in kernels/ against their torch twins.
 
-    python benchmarks/kernel_bench.py --json OUT.json   # on a CUDA GPU (sized for an H200)
-    python benchmarks/kernel_bench.py --smoke           # tiny shapes; CPU: TRITON_INTERPRET=1
-    python benchmarks/kernel_bench.py --only prefill_sweep --json OUT.json  # opt-in section
+    python -m benchmarks.kernel_bench --json OUT.json   # on a CUDA GPU (sized for an H200)
+    python -m benchmarks.kernel_bench --smoke           # tiny shapes; CPU: TRITON_INTERPRET=1
+    python -m benchmarks.kernel_bench --only prefill_sweep --json OUT.json  # opt-in section
 
 The prefill_sweep section (benchmarks/prefill_sweep.py; not in the default run) probes every
 dense prefill attention variant in a child process, then checks and times the survivors on
@@ -35,8 +35,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere, without installing the package
-    sys.path.insert(0, str(ROOT))
 
 # relative L2 error above which a check fails (bf16 outputs are ~3e-3 off the fp32-math refs)
 REL_L2_LIMIT = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}

@@ -6,7 +6,7 @@ the Triton kernel's output (itself checked against the fp32 reference in tests) 
 CUDA events after an L2 flush (prefill_cases.time_ms); TFLOP/s count the causal half (QK^T
 and PV), as kernel_bench.py.
 
-    python benchmarks/prefill_backends.py --json OUT.json   # CUDA only
+    python -m benchmarks.prefill_backends --json OUT.json   # CUDA only
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from benchmarks.prefill_cases import flops as causal_flops  # noqa: E402
 from benchmarks.prefill_cases import time_ms  # noqa: E402

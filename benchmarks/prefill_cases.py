@@ -6,7 +6,6 @@ Imports only torch and kernels.*; used by the sweep's process and its probe chil
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 TARGET_PCT = 70.0
 FINALISTS = 3  # fastest variants timed on the other shapes, beside the default

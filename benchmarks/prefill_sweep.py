@@ -1,9 +1,9 @@
 """One-shot sweep of the dense prefill attention variants (issue 15, item 4: >= 70 % of the bf16
 matmul ceiling on 1 x 8192 causal, Llama-3.1-8B heads, q/k/v views of one fused qkv buffer).
 
-    PYTHONPATH=$PWD python3 benchmarks/kernel_bench.py --only prefill_sweep --json OUT.json
-    PYTHONPATH=$PWD python3 benchmarks/prefill_sweep.py --json OUT.json   # the same
-    python3 benchmarks/kernel_bench.py --only prefill_sweep --smoke        # CPU, TRITON_INTERPRET
+    PYTHONPATH=$PWD python3 -m benchmarks.kernel_bench --only prefill_sweep --json OUT.json
+    PYTHONPATH=$PWD python3 -m benchmarks.prefill_sweep --json OUT.json   # the same
+    python3 -m benchmarks.kernel_bench --only prefill_sweep --smoke        # CPU, TRITON_INTERPRET
 
 1. Probe: every variant is launched once on 1 x 8192 in a child process of its own, several at
    a time. A compiler crash, a launch error or a hang fails that variant only (reported, never
@@ -33,8 +33,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere, without installing the package
-    sys.path.insert(0, str(ROOT))
 
 from benchmarks import prefill_cases as cases  # noqa: E402
 
@@ -93,7 +91,8 @@ def probe(labels: list[str], shapes: list, smoke: bool, deadline: float) -> dict
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
-                [sys.executable, __file__, "--probe", spec], cwd=ROOT, env=env,
+                [sys.executable, "-m", "benchmarks.prefill_sweep", "--probe", spec],
+                cwd=ROOT, env=env,
                 capture_output=True, text=True, timeout=timeout,
             )  # fmt: skip
         except subprocess.TimeoutExpired:

@@ -3,8 +3,8 @@ GPU. The H200 sweep of 2026-12-01 (benchmarks/results/prefill_sweep_h200_2026-12
 every warp_spec variant without host descriptors returning NaN on 1 x 8192 causal (Llama-3.1-8B
 heads, q/k/v views of one fused qkv buffer) while the CPU interpreter passes every test.
 
-    PYTHONPATH=$PWD python3 benchmarks/prefill_ws_diagnose.py --json OUT.json [--dump DIR]
-    PYTHONPATH=$PWD python3 benchmarks/prefill_ws_diagnose.py --smoke   # CPU, TRITON_INTERPRET
+    PYTHONPATH=$PWD python3 -m benchmarks.prefill_ws_diagnose --json OUT.json [--dump DIR]
+    PYTHONPATH=$PWD python3 -m benchmarks.prefill_ws_diagnose --smoke   # CPU, TRITON_INTERPRET
 
 Each case (1 x 8192, 1 x 256, 1 x 1000, 2 x 512 causal; then 2 x 384 after a 512-token cached
 prefix, the only one the merge kernel works on) runs in a child process of its own under a
@@ -45,8 +45,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere, without installing the package
-    sys.path.insert(0, str(ROOT))
 
 LOG2E = 1.4426950408889634
 SENTINEL = 1000.0  # out before each call (exact in bf16/fp16; |attention output| <= max |v|)

@@ -1,8 +1,8 @@
 # Where does a step's time go? cProfile over steady-state decode steps of a preset on the GPU,
 # plus the GPU time of each step from CUDA events. --mixed N: every step also carries a new
 # N-token prompt (a mixed step: piecewise graphs around eager attention up to 2,048 tokens).
-#   python benchmarks/profile_step.py [--model llama-3.1-8b] [--seqs 64] [--steps 100]
-#   python benchmarks/profile_step.py --seqs 96 --mixed 512
+#   python -m benchmarks.profile_step [--model llama-3.1-8b] [--seqs 64] [--steps 100]
+#   python -m benchmarks.profile_step --seqs 96 --mixed 512
 from __future__ import annotations
 
 import argparse
@@ -10,11 +10,7 @@ import cProfile
 import io
 import pstats
 import random
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

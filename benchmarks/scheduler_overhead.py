@@ -1,7 +1,7 @@
 # Host-side cost of one engine step with the forward pass stubbed out: scheduling, batch
 # preparation and output bookkeeping, at 64 and 256 running sequences. This is the time the
 # GPU would sit idle between steps if nothing overlapped it.
-#   python benchmarks/scheduler_overhead.py [--json benchmarks/results/scheduler_overhead_cpu.json]
+#   python -m benchmarks.scheduler_overhead [--json benchmarks/results/scheduler_overhead_cpu.json]
 from __future__ import annotations
 
 import argparse

@@ -2,7 +2,7 @@
 # output token over the bare engine, and how many concurrent streams one `fleetlm serve`
 # sustains. The engine is the same in both (tiny model, same KV pool); the served run streams
 # through a real `fleetlm serve` (embedded Redis + Postgres) with K concurrent clients.
-#   python benchmarks/serving_overhead.py [--concurrency 1,8,32,64,128] [--max-tokens 64]
+#   python -m benchmarks.serving_overhead [--concurrency 1,8,32,64,128] [--max-tokens 64]
 #       [--json benchmarks/results/serving_overhead_cpu.json]
 # TPOT is (last token time - first token time) / (completion tokens - 1) per request, measured
 # in the engine loop for the bare run and at the HTTP client for the served run.

@@ -5,7 +5,7 @@
 # weight cold, read once), after an L2 flush; each Triton config is checked against F.linear
 # first. Reports per-call ms, the weight-streaming rate against the measured copy ceiling, the
 # best config per shape and cuBLAS beside it.
-#   python benchmarks/skinny_gemm_sweep.py --json out.json [--ms 1,16,32,64,128] [--workers 14]
+#   python -m benchmarks.skinny_gemm_sweep --json out.json [--ms 1,16,32,64,128] [--workers 14]
 #       [--model llama-3.1-70b] [--fp8]
 # Compiles run first in a pool of processes (Triton's disk cache then serves the timing process).
 from __future__ import annotations
@@ -14,13 +14,10 @@ import argparse
 import itertools
 import json
 import multiprocessing as mp
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.prefill_cases import cuda_graph_of, time_ms
 from kernels import skinny_gemm as sg

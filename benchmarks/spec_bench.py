@@ -20,22 +20,19 @@
 # raw cost/benefit surface the thresholds are set from), "policy" is the shipped adaptive rule
 # (spec_policy.py, default thresholds), which must get out of the way where "fixed" loses.
 #
-#   python benchmarks/spec_bench.py          # H200: llama-3.1-8b (+ llama-3.2-1b draft)
-#   python benchmarks/spec_bench.py --smoke  # CPU: tiny preset, seconds
+#   python -m benchmarks.spec_bench          # H200: llama-3.1-8b (+ llama-3.2-1b draft)
+#   python -m benchmarks.spec_bench --smoke  # CPU: tiny preset, seconds
 from __future__ import annotations
 
 import argparse
 import gc
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine

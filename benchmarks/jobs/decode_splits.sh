@@ -5,6 +5,6 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi -L
-python3 benchmarks/decode_split_sweep.py --json "$OUT/decode_split_sweep.json" \
+python3 -m benchmarks.decode_split_sweep --json "$OUT/decode_split_sweep.json" \
   > "$OUT/decode_split_sweep.log" 2>&1
 echo "sweep rc=$?"; grep -E "^B=|sum over|Error" "$OUT/decode_split_sweep.log" | tail -70

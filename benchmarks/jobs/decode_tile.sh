@@ -6,7 +6,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 stamp() { echo "[$(date +%H:%M:%S)] $*"; }
-PYTHONPATH=$PWD timeout 120 python3 benchmarks/decode_tile_sweep.py --json "$OUT/decode_tile_sweep.json" \
+PYTHONPATH=$PWD timeout 120 python3 -m benchmarks.decode_tile_sweep --json "$OUT/decode_tile_sweep.json" \
   --best-to "$OUT/best_tile.txt" > "$OUT/decode_tile_sweep.log" 2>&1
 stamp "sweep rc=$?"; cat "$OUT/decode_tile_sweep.log"
 best=$(cat "$OUT/best_tile.txt" 2>/dev/null || echo "64 4 3")

@@ -9,7 +9,7 @@ PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -p no:cacheprovider -k "not llama
   tests/engine/test_gpu_paths.py tests/kernels/test_dense_prefill_attention.py \
   tests/kernels/test_paged_prefill_attention.py ${GPU_TESTS:-} > "$R/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" | tee -a "$R/gpu_tests.log"
-PYTHONPATH=$PWD python3 benchmarks/kernel_bench.py --only prefill_8k \
+PYTHONPATH=$PWD python3 -m benchmarks.kernel_bench --only prefill_8k \
   --json "$R/kernels_prefill_8k_h200.json" > "$R/kernels.log" 2>&1
 echo "kernel bench rc=$?" | tee -a "$R/kernels.log"
 OUT=$R/serve benchmarks/device_serve.sh --launch --compare-engine --rates "${RATES:-7}" \

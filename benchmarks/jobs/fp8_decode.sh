@@ -16,12 +16,12 @@ nvidia-smi -L
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py \
   > "$R/skinny_tests.log" 2>&1
 stamp "tests rc=$?"; tail -3 "$R/skinny_tests.log"
-timeout "${SWEEP_S:-330}" python3 benchmarks/skinny_gemm_sweep.py --model llama-3.1-70b --fp8 \
+timeout "${SWEEP_S:-330}" python3 -m benchmarks.skinny_gemm_sweep --model llama-3.1-70b --fp8 \
   --ms "${MS:-1,32,64,128,256}" --shapes "${SHAPES:-qkv,o,gate_up,down}" \
   --grid "${GRID:-$GRID_DEFAULT}" \
   --json "$R/skinny_fp8_sweep_70b.json" > "$R/skinny_fp8_sweep_70b.log" 2>&1
 stamp "sweep rc=$?"; grep -vE "^\s*$" "$R/skinny_fp8_sweep_70b.log" | tail -30
-timeout "${BREAKDOWN_S:-400}" python3 benchmarks/decode_breakdown.py --model llama-3.1-70b \
+timeout "${BREAKDOWN_S:-400}" python3 -m benchmarks.decode_breakdown --model llama-3.1-70b \
   --quantization fp8 --kv-cache-dtype fp8 --parts "${PARTS:-decode}" \
   --batches "${BATCHES:-64,128}" --context "${CONTEXT:-2000}" --steps 10 \
   --json "$R/decode_breakdown_70b_fp8.json" > "$R/decode_breakdown_70b_fp8.log" 2>&1

@@ -17,11 +17,11 @@ nvidia-smi -L
   tests/kernels/test_skinny_gemm.py tests/kernels/test_paged_decode_attention.py \
   tests/kernels/test_fp8_kv_cache.py tests/engine/test_gpu_paths.py > "$R/gpu_tests.log" 2>&1
 stamp "tests rc=$?"; tail -4 "$R/gpu_tests.log"; }
-timeout 200 python3 benchmarks/decode_fp8_sweep.py --heads 64 --kv-heads 8 \
+timeout 200 python3 -m benchmarks.decode_fp8_sweep --heads 64 --kv-heads 8 \
   --shapes "${ATTN_SHAPES:-64:2048,128:2048,256:1024}" --json "$R/decode_fp8_sweep_70b.json" \
   > "$R/decode_fp8_sweep_70b.log" 2>&1
 stamp "attention sweep rc=$?"; grep -A20 "^fastest" "$R/decode_fp8_sweep_70b.log"
-timeout 300 python3 benchmarks/decode_breakdown.py --model llama-3.1-70b \
+timeout 300 python3 -m benchmarks.decode_breakdown --model llama-3.1-70b \
   --quantization fp8 --kv-cache-dtype fp8 --parts "${PARTS:-decode}" \
   --batches "${BATCHES:-64,128}" --context "${CONTEXT:-2000}" --steps 10 \
   --json "$R/decode_breakdown_70b_fp8.json" > "$R/decode_breakdown_70b_fp8.log" 2>&1

@@ -5,7 +5,7 @@
 # Run through benchmarks/device_jobs.sh; results in $JOBS/results.
 . benchmarks/jobs/common.sh
 stamp "sweep"
-PYTHONPATH=$PWD python3 benchmarks/decode_fp8_sweep.py --json "$R/decode_fp8_sweep.json" \
+PYTHONPATH=$PWD python3 -m benchmarks.decode_fp8_sweep --json "$R/decode_fp8_sweep.json" \
   > "$R/decode_fp8_sweep.log" 2>&1
 stamp "sweep rc=$?"; tail -7 "$R/decode_fp8_sweep.log"
 tile=$(python3 -c "import json; print(','.join(map(str, json.load(open('$R/decode_fp8_sweep.json'))['best_tile'])))") || exit 1

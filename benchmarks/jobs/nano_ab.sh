@@ -25,7 +25,7 @@ PYTHONPATH=$PWD timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engin
 stamp "gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.log"; }
 breakdown() {  # breakdown TREE NAME
   stamp "decode breakdown $2"
-  (cd "$1" && PYTHONPATH=$PWD python3 benchmarks/decode_breakdown.py --parts "${PARTS:-decode}" \
+  (cd "$1" && PYTHONPATH=$PWD python3 -m benchmarks.decode_breakdown --parts "${PARTS:-decode}" \
     --batches "${BATCHES:-32,128,256}" --json "$OUT/decode_breakdown_$2.json") \
     > "$OUT/decode_breakdown_$2.log" 2>&1
   stamp "breakdown $2 rc=$?"

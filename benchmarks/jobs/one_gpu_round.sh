@@ -33,6 +33,6 @@ stamp "gpu tests rc=$?"; tail -4 "$R/gpu_tests.log"
 fi
 want kernels || exit 0
 stamp "fp8 kernels"
-PYTHONPATH=$PWD timeout 120 python3 benchmarks/kernel_bench.py --only fp8,decode \
+PYTHONPATH=$PWD timeout 120 python3 -m benchmarks.kernel_bench --only fp8,decode \
   --json "$R/kernels_fp8.json" > "$R/kernels_fp8.log" 2>&1
 stamp "kernels rc=$?"; tail -12 "$R/kernels_fp8.log"

@@ -26,13 +26,13 @@ R=${JOBS:-/tmp/fleetlm-jobs}/results
 mkdir -p "$R"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
   --format=csv > "$R/gpu.txt" 2>&1
-PYTHONPATH=$PWD timeout -k 5 90 python3 benchmarks/prefill_ws_diagnose.py \
+PYTHONPATH=$PWD timeout -k 5 90 python3 -m benchmarks.prefill_ws_diagnose \
   --json "$R/prefill_ws_diagnose.json" --dump "$R/prefill_ws_kernels" ${DIAGNOSE_ARGS:-} \
   > "$R/prefill_ws_diagnose.log" 2>&1
 echo "prefill ws diagnose rc=$?" | tee -a "$R/prefill_ws_diagnose.log"
 sed -n '/==== prefill ws diagnose summary/,$p' "$R/prefill_ws_diagnose.log"
 if [ "${SKIP_TMA_DIAGNOSE:-0}" != 1 ]; then
-  PYTHONPATH=$PWD timeout -k 5 60 python3 benchmarks/prefill_ws_diagnose.py \
+  PYTHONPATH=$PWD timeout -k 5 60 python3 -m benchmarks.prefill_ws_diagnose \
     --config "128/128/4/2 tma" --budget 52 --json "$R/prefill_ws_diagnose_tma.json" \
     > "$R/prefill_ws_diagnose_tma.log" 2>&1
   echo "prefill ws diagnose (tma) rc=$?" | tee -a "$R/prefill_ws_diagnose_tma.log"
@@ -40,7 +40,7 @@ if [ "${SKIP_TMA_DIAGNOSE:-0}" != 1 ]; then
 fi
 [ "${SKIP_SWEEP:-0}" = 1 ] && exit 0
 export PREFILL_SWEEP_PARTIAL=$R/prefill_sweep_partial.json
-PYTHONPATH=$PWD timeout -k 10 340 python3 benchmarks/kernel_bench.py --only prefill_sweep \
+PYTHONPATH=$PWD timeout -k 10 340 python3 -m benchmarks.kernel_bench --only prefill_sweep \
   --json "$R/prefill_sweep_h200.json" ${SWEEP_ARGS:-} > "$R/prefill_sweep.log" 2>&1
 rc=$?
 echo "prefill sweep rc=$rc" | tee -a "$R/prefill_sweep.log"

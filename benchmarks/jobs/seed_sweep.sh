@@ -9,7 +9,7 @@ PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -p no:cacheprovider tests/engine/
   tests/engine/test_overlap_gpu.py tests/engine/test_prefill_order.py ${GPU_TESTS:-} \
   > "$R/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" | tee -a "$R/gpu_tests.log"
-PYTHONPATH=$PWD python3 benchmarks/profile_step.py --seqs 96 --mixed "${MIXED:-512}" --steps 60 \
+PYTHONPATH=$PWD python3 -m benchmarks.profile_step --seqs 96 --mixed "${MIXED:-512}" --steps 60 \
   > "$R/profile_mixed.log" 2>&1
 echo "profile rc=$?" | tee -a "$R/profile_mixed.log"
 fi

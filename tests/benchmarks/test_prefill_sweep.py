@@ -17,7 +17,7 @@ def test_prefill_sweep_smoke(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     out = tmp_path / "sweep.json"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/prefill_sweep.py", "--smoke", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.prefill_sweep", "--smoke", "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

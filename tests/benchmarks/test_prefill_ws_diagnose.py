@@ -119,7 +119,7 @@ def test_prefill_ws_diagnose_smoke(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     out = tmp_path / "diagnose.json"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/prefill_ws_diagnose.py", "--smoke", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.prefill_ws_diagnose", "--smoke", "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
