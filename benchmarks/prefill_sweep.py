@@ -14,7 +14,7 @@ matmul ceiling on 1 x 8192 causal, Llama-3.1-8B heads, q/k/v views of one fused 
    (kernel_bench's measure_peaks); PyTorch SDPA (flash) and the paged kernel for reference.
 3. The default, the FINALISTS fastest and the fastest of each family (warp-specialized or not)
    are probed, checked (first and last rows of every sequence, every row finite) and timed on
-   the other shapes of docs/benchmarks.md, so that no shape regresses. Ends with a summary: the
+   the other shapes of docs/benchmarks-log.md, so that no shape regresses. Ends with a summary: the
    verdict against 70 %, failures, the shapes where a finalist loses to the default, and the
    PrefillConfig that makes the best the default. Time boxes: PHASES (the job must end in 6 min).
 """

@@ -13,7 +13,7 @@
 #     follows every prompt chunk eagerly and catches up in eager prefill passes, at its own head
 #     counts and widths, so its variants differ from the target's.
 # On the H200 one such variant first met mid-serving stopped a 166-token step for 1.9 s
-# (docs/benchmarks.md#the-per-step-token-budget-h200). The steps below are synthetic: padding
+# (docs/benchmarks-log.md#the-per-step-token-budget-h200). The steps below are synthetic: padding
 # slots (-1) so nothing is written to the KV pool, block tables over its first blocks (read
 # only, before any request owns them), the same packing as real steps (BatchBuilder.to_device).
 from __future__ import annotations

@@ -31,7 +31,7 @@ def bucket_ladder(max_tokens: int, step: int = 0) -> list[int]:
     two from 16; step N (a power of two): powers of two up to N, then every multiple of N. A
     step pads its tokens to the next bucket and its matmuls pay for the padding rows: on the
     H200, 136 decodes + a 512-token prompt padded to 1,024 took 32.9 ms of GPU time where
-    the decodes alone took 15.2 (docs/benchmarks.md)."""
+    the decodes alone took 15.2 (docs/benchmarks-log.md)."""
     if max_tokens < 1 or step < 0 or step & (step - 1):
         raise ValueError("need max_tokens >= 1 and a step that is 0 or a power of two")
     small = [b for b in DEFAULT_BUCKETS if b < min(max_tokens, step or max_tokens)]

@@ -1,6 +1,6 @@
 # `fleetlm serve`'s API processes. At load one Python process relays thousands of SSE chunks a
 # second and its event loop becomes the queue every new request and every first token waits in
-# (docs/benchmarks.md, run 9), so `serve` runs several on the one port: it binds the API and
+# (docs/benchmarks-log.md, run 9), so `serve` runs several on the one port: it binds the API and
 # metrics sockets itself, once, and each API process inherits them and accepts from them (the
 # kernel hands each new connection to one process that is waiting; a restarted process finds the
 # port still bound). Their Prometheus series are written through prometheus_client's

@@ -327,7 +327,7 @@ def config_label(cfg: PrefillConfig) -> str:
 # two stages) for chunks of at least WS_MIN_QUERIES queries whose q/k/v the descriptors take
 # (ws_ready); CONFIG_PLAIN (two warpgroups of wgmma over 128 packed (query, head) rows, 64-key
 # tiles, cp.async pointer loads four stages deep) otherwise. H200 sweep of 2026-12-01
-# (benchmarks/jobs/prefill_attn_sweep.sh, docs/benchmarks.md), 1 x 8192 causal, Llama-3.1-8B
+# (benchmarks/jobs/prefill_attn_sweep.sh, docs/benchmarks-log.md), 1 x 8192 causal, Llama-3.1-8B
 # heads: ws 1.120 ms = 70.1 % of the bf16 matmul ceiling, CONFIG_PLAIN 1.191 ms = 65.9 %; ws is
 # also ahead on 1 x 4096 (-9 %), 4 x 2048 (-9 %), 16 x 512 (-7 %) and 8,192 after 16,384 cached
 # (-3 %), behind on short chunks after a cached prefix (4 x 512 after 3,584: +2 %; 16 x 128

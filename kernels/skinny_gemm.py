@@ -8,7 +8,7 @@
 #          bytes and twice the MMA rate, for row counts where x's re-reads start to count.
 # Either way y[m, n] = (Σ_k w[n, k] · x[m, k]) · w_scale[n] (· x_scale[m]).
 # cuBLAS picks tiles of 64–448 output rows × 32–64 batch rows for these shapes and reaches
-# 58–88 % of the copy bandwidth on an H200 (docs/benchmarks.md). Here each program owns a tile
+# 58–88 % of the copy bandwidth on an H200 (docs/benchmarks-log.md). Here each program owns a tile
 # of BLOCK_N weight rows and all the batch rows ("swap AB": the weight tile is the dot's M side,
 # so a 16-row batch does not waste a 64-row MMA), and K is split over SPLIT_K programs so that
 # even N = 4,096 fills the GPU. The split's partial sums meet without a second kernel: each
@@ -98,7 +98,7 @@ def block_m_for(m: int) -> int:
 def default_config(
     m: int, n: int, k: int, num_sms: int = 132, w_bytes: int = 2, x_bytes: int = 2
 ) -> SkinnyConfig:
-    """The H200 sweep's choice (benchmarks/skinny_gemm_sweep.py, docs/benchmarks.md): tiles of
+    """The H200 sweep's choice (benchmarks/skinny_gemm_sweep.py, docs/benchmarks-log.md): tiles of
     64 weight rows × 128 of K, 4 warps; K split in two while that keeps the programs within one
     wave (the 4,096-row o and down projections: 64 tiles → 128 programs; 6,144 rows already
     fill it); 5 stages in flight when the programs are few, 3 when there are waves of them.

@@ -1,7 +1,7 @@
 # How many intra-op threads a worker gives torch. A GPU worker's host work is one Python thread;
 # torch's intra-op pool (a thread per core) only competes with it and with the processes beside it
 # (on the H200 it made batch packing 0.4 → 1.2 ms mean and 0.6 → 5.7 ms p95 per step,
-# docs/benchmarks.md), so it gets one. A CPU worker's forward pass does use the pool, but torch's
+# docs/benchmarks-log.md), so it gets one. A CPU worker's forward pass uses the pool, but torch's
 # default, one thread per physical core, assumes the cores are the worker's alone: beside any
 # other busy process (the API under load, a benchmark client, a second worker) one of its threads
 # shares a core, every parallel region waits for that thread, and a step becomes many times
