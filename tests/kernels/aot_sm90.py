@@ -140,16 +140,21 @@ def variants(dt: str = "bf16"):
             4, 1,
         )  # fmt: skip
     yield silu_mul._silu_and_mul_kernel, {"x_ptr": dt, "out_ptr": dt}, (), {"BLOCK": 1024}, 4, 1
-    for m, n, k in ((1, 6144, 4096), (32, 4096, 4096), (64, 4096, 14336), (64, 28672, 4096)):
-        cfg = skinny_gemm.default_config(m, n, k)
+    # 16-bit (the 8B's projections) and W8A8 e4m3 (the 70B's, as the engine's FP8 layers run)
+    for (m, n, k), e4m3 in (((1, 6144, 4096), False), ((32, 4096, 4096), False),
+                            ((64, 4096, 14336), False), ((64, 28672, 4096), False),
+                            ((1, 10240, 8192), True), ((64, 8192, 28672), True)):  # fmt: skip
+        size = 1 if e4m3 else 2
+        cfg = skinny_gemm.default_config(m, n, k, w_bytes=size, x_bytes=size)
+        operand = fp8 if e4m3 else dt
         yield (
             skinny_gemm._skinny_gemm_kernel,
-            {"x_ptr": dt, "w_ptr": dt, "out_ptr": dt, "partial_ptr": "fp32",
-             "counter_ptr": "i32"},
+            {"x_ptr": operand, "w_ptr": operand, "out_ptr": dt, "w_scale_ptr": "fp32",
+             "x_scale_ptr": "fp32", "partial_ptr": "fp32", "counter_ptr": "i32"},
             (),
             {"BLOCK_M": skinny_gemm.block_m_for(m), "BLOCK_N": cfg.block_n,
-             "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "EVEN_N": True, "UPCAST": False,
-             "PRECISION": "tf32"},
+             "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "EVEN_N": True,
+             "W_SCALED": e4m3, "X_SCALED": e4m3, "UPCAST": False, "PRECISION": "tf32"},
             cfg.num_warps, cfg.num_stages,
         )  # fmt: skip
     for (group, head_dim), kv_fp8 in (((4, 128), False), ((8, 64), False), ((1, 128), False),
