@@ -13,8 +13,44 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+# The engine's bounds: 16 rows per group (the 70B's group of 8 query heads: a 128-row dot),
+# up to 32 groups a step, shared prefixes counted up to 8,192 keys.
+MAX_ROWS = 16
+MAX_GROUPS = 32
+MAX_PREFIX_TOKENS = 8192
+
+
+@dataclass(slots=True)
+class PrefixGroupLimits:
+    """find_prefix_groups' bounds, in blocks and rows (engine/batch_builder.py passes them)."""
+
+    min_blocks: int  # shortest shared prefix worth a group
+    max_blocks: int  # a longer shared prefix is capped (the rest goes to the suffix pass)
+    max_groups: int
+    max_rows: int  # rows per group: the prefix kernel's M side is max_rows x the GQA group
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_blocks <= self.max_blocks or self.max_groups < 0:
+            raise ValueError("need 1 <= min_blocks <= max_blocks and max_groups >= 0")
+        if self.max_rows < 2:
+            raise ValueError("max_rows must be >= 2")
+
+
+def shared_prefix_limits(config: EngineConfig) -> PrefixGroupLimits | None:
+    """The batch builder's bounds for this engine, None when shared-prefix decode is off."""
+    if not config.shared_prefix_decode:
+        return None
+    bs = config.block_size
+    min_blocks = -(-config.shared_prefix_min_tokens // bs)
+    max_blocks = max(min_blocks, MAX_PREFIX_TOKENS // bs)
+    return PrefixGroupLimits(min_blocks, max_blocks, MAX_GROUPS, MAX_ROWS)
 
 
 @dataclass(slots=True)
@@ -26,6 +62,15 @@ class PrefixGrouping:
     rows: np.ndarray
     prefix_lens: np.ndarray
     key_start: np.ndarray
+
+    @property
+    def num_groups(self) -> int:
+        return int((self.prefix_lens > 0).sum())  # the used groups come first
+
+    def trimmed(self) -> PrefixGrouping:
+        """Only the used groups (an eager launch's grid need not cover the empty ones)."""
+        n = self.num_groups
+        return PrefixGrouping(self.rows[:n], self.prefix_lens[:n], self.key_start)
 
     @property
     def num_grouped_rows(self) -> int:

@@ -309,7 +309,7 @@ def shared_prefix_decode_attention(
 
     paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale,
-        max_seq_len=max_seq_len, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
+        max_seq_len=max_seq_len, num_splits=num_splits, out=out, k_scale=k_scale, v_scale=v_scale,
         seq_order=seq_order, key_start=groups.key_start, partials=(part_max, part_sum, part_acc),
     )  # fmt: skip
 

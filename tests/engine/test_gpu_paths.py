@@ -201,3 +201,28 @@ def test_no_kernel_compiles_after_start_up_warm_up(model_dir):
     after = compile_counter.snapshot()
     new = {k: n - before.by_kernel.get(k, 0) for k, n in after.by_kernel.items()}
     assert llm.engine.stats().kernel_compiles == 0, {k: n for k, n in new.items() if n}
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_shared_prefix_decode_matches_plain_decode(model_dir, kv_cache_dtype, monkeypatch):
+    # Eager decode steps with shared-prefix attention on: the same greedy text as without it,
+    # and the shared kernel really ran (rows reuse a cached system prompt's blocks).
+    from kernels import shared_prefix_decode as spd
+    from tests.engine.test_prefix_groups import shared_prompts
+
+    prompts = shared_prompts()
+    opts = dict(device="cuda", dtype="float32", num_kv_blocks=128, use_cuda_graphs=False,
+                kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    plain_llm = LLM(str(model_dir), **opts)
+    plain_llm.generate(prompts[:1], GREEDY)
+    plain = plain_llm.generate(prompts, GREEDY)
+    calls = []
+    run = spd.shared_prefix_decode_attention
+    monkeypatch.setattr(
+        spd, "shared_prefix_decode_attention", lambda *a, **k: calls.append(1) or run(*a, **k)
+    )
+    llm = LLM(str(model_dir), shared_prefix_decode=True, shared_prefix_min_tokens=32, **opts)
+    llm.generate(prompts[:1], GREEDY)
+    for a, b in zip(plain, llm.generate(prompts, GREEDY)):
+        assert a.token_ids == b.token_ids
+    assert calls

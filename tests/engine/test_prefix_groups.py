@@ -105,3 +105,47 @@ def _timed(fn):
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tests.hf_models import build_hf_model
+
+    directory = tmp_path_factory.mktemp("shared-prefix")
+    build_hf_model(directory, "llama", seed=5)
+    return directory
+
+
+def shared_prompts() -> list[list[int]]:
+    """Five prompts that open with one 70-token system prompt (4 whole 16-key blocks)."""
+    rng = np.random.default_rng(3)
+    system = rng.integers(2, 500, 70).tolist()
+    return [system + rng.integers(2, 500, n).tolist() for n in (5, 9, 17, 30, 3)]
+
+
+def test_engine_groups_decode_rows_of_a_cached_system_prompt(model_dir):
+    # A real engine (CPU: attention runs the torch reference, the groups ride along unused):
+    # once the system prompt is cached, the decode steps of the prompts that reuse it carry
+    # one group of them, and the text is the flag-off engine's.
+    from engine import LLM, SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompts = shared_prompts()
+    opts = {"device": "cpu", "dtype": "float32", "num_kv_blocks": 128}
+    plain = LLM(str(model_dir), **opts).generate(prompts, greedy)
+    llm = LLM(str(model_dir), shared_prefix_decode=True, shared_prefix_min_tokens=32, **opts)
+    builder = llm.engine.runner.batch_builder
+    seen = []
+    to_device = builder.to_device
+
+    def spy(packed):
+        batch = to_device(packed)
+        if batch.meta.decode_prefix_groups is not None:
+            seen.append(batch.meta.decode_prefix_groups.prefix_lens.tolist())
+        return batch
+
+    builder.to_device = spy
+    llm.generate(prompts[:1], greedy)  # caches the system prompt's blocks
+    shared = llm.generate(prompts, greedy)
+    assert [o.token_ids for o in shared] == [o.token_ids for o in plain]
+    assert seen and all(lens == [64] for lens in seen)  # 4 whole blocks of 16
