@@ -181,10 +181,12 @@ def test_paged_attention_prefill_paths_match_reference(cache_dtype, rotary):
     assert _rel(got, want) < 1e-2
 
 
-def test_no_kernel_compiles_after_start_up_warm_up(model_dir):
+@pytest.mark.parametrize("shared_prefix", [False, True], ids=["plain", "shared-prefix"])
+def test_no_kernel_compiles_after_start_up_warm_up(model_dir, shared_prefix):
     # Mixed steps of every shape (prompts of 1 to ~600 tokens, half behind a cached prefix,
     # chunked by a small budget, beside decodes of growing context) must find every attention
-    # variant compiled by the start-up warm-up (engine/kernel_warmup.py).
+    # variant compiled by the start-up warm-up (engine/kernel_warmup.py), with shared-prefix
+    # decode (the decodes behind the cached system prompt form groups) too.
     from kernels import compile_counter
 
     g = torch.Generator().manual_seed(1)
@@ -192,7 +194,8 @@ def test_no_kernel_compiles_after_start_up_warm_up(model_dir):
     lens = [1, 2, 3, 4, 5, 8, 9, 15, 17, 31, 33, 64, 100, 257, 600]
     prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in lens]
     prompts += [system + p for p in prompts]
-    llm = LLM(str(model_dir), dtype="bfloat16", device="cuda", max_num_batched_tokens=256)
+    shared = {"shared_prefix_decode": True, "shared_prefix_min_tokens": 32} if shared_prefix else {}
+    llm = LLM(str(model_dir), dtype="bfloat16", device="cuda", max_num_batched_tokens=256, **shared)
     report = llm.engine.runner.warmup_report
     assert report is not None and report["steps"] > 10
     before = compile_counter.snapshot()
