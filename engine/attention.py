@@ -9,12 +9,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from kernels.paged_prefill_attention import paged_prefill_attention_ref
 from kernels.rotary import apply_rotary_ref
 from kernels.store_kv import store_kv_ref
+
+if TYPE_CHECKING:
+    from kernels.shared_prefix_decode import PrefixGroups
 
 
 @dataclass(slots=True)
@@ -33,6 +37,11 @@ class AttentionMetadata:
     # [num_decodes] int32: the decode rows by context length, longest first (the decode
     # kernel starts its programs in this order, so its last wave is short rows); None: as is
     decode_order: torch.Tensor | None = None
+    # Decode rows sharing prefix blocks (EngineConfig.shared_prefix_decode; eager steps on
+    # CUDA): their prefix is read once per group, then decode_num_splits covers each row's
+    # suffix and decode_prefix_splits each group's prefix. None: plain decode attention.
+    decode_prefix_groups: PrefixGroups | None = None
+    decode_prefix_splits: int = 1
 
 
 def prefill_tail(meta: AttentionMetadata) -> AttentionMetadata:
@@ -93,7 +102,16 @@ def paged_attention(
         out = torch.empty_like(q)
     nd = meta.num_decodes
     num_seqs = meta.seq_lens.shape[0]
-    if nd:
+    if nd and meta.decode_prefix_groups is not None:
+        from kernels.shared_prefix_decode import shared_prefix_decode_attention
+
+        shared_prefix_decode_attention(
+            q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
+            meta.decode_prefix_groups, max_seq_len=meta.max_decode_seq_len,
+            num_splits=meta.decode_num_splits or 1, prefix_splits=meta.decode_prefix_splits,
+            out=out[:nd], k_scale=k_scale, v_scale=v_scale, seq_order=meta.decode_order,
+        )  # fmt: skip
+    elif nd:
         paged_decode_attention(
             q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
             max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits, out=out[:nd],

@@ -6,14 +6,17 @@
 # Overlapped scheduling: a decode whose input token is still on the device (PENDING_TOKEN) is
 # packed with a placeholder id and a (row in this batch, row in the previous step's sampled
 # ids) pair; the runner fills the real id in on the device before the forward.
+# Shared-prefix decode (prefix_groups set): the decode rows sharing prefix-cache blocks are
+# grouped on the host (engine/prefix_groups.py) and the groups ride in the same int32 copy.
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.prefix_groups import PrefixGroupLimits, find_prefix_groups
 from engine.request import PENDING_TOKEN, Request
 from engine.scheduler import SchedulerOutput
 
@@ -39,7 +42,8 @@ class PackedBatch:
     i64: np.ndarray
     # i32: seq_lens [num_seqs], query_start_loc [num_seqs + 1], the prefill tail's re-based
     # query_start_loc [num_seqs - num_decodes + 1], block_tables [num_seqs, max_blocks], then
-    # the decode rows longest context first [num_decodes]
+    # the decode rows longest context first [num_decodes], then with prefix groups their
+    # rows [groups, rows_per_group], prefix_lens [groups] and key_start [num_decodes]
     i32: np.ndarray
     num_tokens: int
     num_seqs: int
@@ -49,6 +53,8 @@ class PackedBatch:
     has_drafts: bool
     decode_num_splits: int | None
     num_fed: int = 0
+    prefix_groups: tuple[int, int] | None = None  # (groups, rows per group) in i32's tail
+    decode_prefix_splits: int = 1
     # Rank 0 only (host objects the sampler reads); never sent to the other ranks.
     sampling_requests: list[Request] = field(default_factory=list)
 
@@ -57,17 +63,30 @@ class PackedBatch:
 
 
 class BatchBuilder:
-    def __init__(self, block_size: int, device: torch.device, num_kv_heads: int = 1) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        device: torch.device,
+        num_kv_heads: int = 1,
+        prefix_groups: PrefixGroupLimits | None = None,
+    ) -> None:
         self.block_size = block_size
         self.device = device
         self.num_kv_heads = num_kv_heads
+        self.prefix_groups = prefix_groups  # None: shared-prefix decode off
 
     def prepare(self, out: SchedulerOutput) -> PreparedBatch:
         return self.to_device(self.pack(out))
 
-    def pack(self, out: SchedulerOutput, feed: dict[Request, int] | None = None) -> PackedBatch:
+    def pack(
+        self,
+        out: SchedulerOutput,
+        feed: dict[Request, int] | None = None,
+        group_prefixes: bool = True,
+    ) -> PackedBatch:
         """The step on the host: what tensor-parallel rank 0 sends every other rank. `feed`:
-        the row of each request in the previous step's sampled ids, for PENDING_TOKEN inputs."""
+        the row of each request in the previous step's sampled ids, for PENDING_TOKEN inputs.
+        group_prefixes=False: no shared-prefix groups (a CUDA-graph replay ignores them)."""
         bs = self.block_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -125,20 +144,35 @@ class BatchBuilder:
         prefill_qsl = [q - query_start[nd] for q in query_start[nd:]]
         header = np.array(seq_lens + query_start + prefill_qsl, dtype=np.int32)
         decode_order = np.argsort(-header[:nd], kind="stable").astype(np.int32)
+        parts = [header, block_tables.ravel(), decode_order]
+        groups, splits, prefix_splits = None, None, 1
+        if self.prefix_groups is not None and group_prefixes and nd >= 2:
+            found = find_prefix_groups(
+                block_tables[:nd], header[:nd], bs, **asdict(self.prefix_groups)
+            ).trimmed()
+            if found.num_groups:
+                groups = found.rows.shape
+                parts += [found.rows.ravel(), found.prefix_lens, found.key_start]
+                splits = self._decode_splits((header[:nd] - found.key_start).tolist())
+                prefix_splits = self._prefix_splits(found.num_groups, int(found.prefix_lens.max()))
+        if groups is None:
+            splits = self._decode_splits(seq_lens[:nd])
         return PackedBatch(
             i64=np.array(
                 tokens + positions + slots + logits_indices + fed_rows + fed_from, dtype=np.int64
             ),
-            i32=np.concatenate((header, block_tables.ravel(), decode_order)),
+            i32=np.concatenate(parts),
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             max_blocks=max_blocks,
             num_decodes=nd,
             max_query_len=max(out.num_new_tokens),
             has_drafts=len(logits_indices) > len(sampling),
-            decode_num_splits=self._decode_splits(seq_lens[:nd]),
+            decode_num_splits=splits,
             sampling_requests=sampling,
             num_fed=len(fed_rows),
+            prefix_groups=groups,
+            decode_prefix_splits=prefix_splits,
         )
 
     def to_device(self, packed: PackedBatch) -> PreparedBatch:
@@ -150,6 +184,7 @@ class BatchBuilder:
         num_prefill_qsl = s - nd + 1
         tables_at = 2 * s + 1 + num_prefill_qsl
         order_at = tables_at + s * packed.max_blocks
+        groups_at = order_at + nd
         meta = AttentionMetadata(
             slot_mapping=i64[2 * t : 3 * t],
             block_tables=i32[tables_at:order_at].view(s, packed.max_blocks),
@@ -161,8 +196,19 @@ class BatchBuilder:
             prefill_query_start_loc=i32[2 * s + 1 : 2 * s + 1 + num_prefill_qsl],
             max_decode_seq_len=max(seq_lens[:nd], default=0),
             decode_num_splits=packed.decode_num_splits,
-            decode_order=i32[order_at:] if nd else None,
+            decode_order=i32[order_at:groups_at] if nd else None,
         )
+        if packed.prefix_groups is not None:
+            from kernels.shared_prefix_decode import PrefixGroups
+
+            g, r = packed.prefix_groups
+            rows_end = groups_at + g * r
+            meta.decode_prefix_groups = PrefixGroups(
+                rows=i32[groups_at:rows_end].view(g, r),
+                prefix_lens=i32[rows_end : rows_end + g],
+                key_start=i32[rows_end + g : rows_end + g + nd],
+            )
+            meta.decode_prefix_splits = packed.decode_prefix_splits
         end = i64.shape[0] - 2 * f  # logits_indices end where the fed rows begin
         return PreparedBatch(
             input_ids=i64[:t],
@@ -185,6 +231,18 @@ class BatchBuilder:
         from kernels.paged_decode_attention import balanced_num_splits
 
         return balanced_num_splits(decode_lens, self.num_kv_heads, num_sms(self.device))
+
+    def _prefix_splits(self, num_groups: int, longest_prefix: int) -> int:
+        """Splits of each group's prefix: enough (KV head, group, split) programs to fill the
+        GPU, each >= MIN_KEYS_PER_SPLIT keys (choose_num_splits' rule). 1 on the CPU."""
+        if self.device.type != "cuda":
+            return 1
+        from kernels._launch import num_sms
+        from kernels.paged_decode_attention import choose_num_splits
+
+        return choose_num_splits(
+            num_groups, self.num_kv_heads, longest_prefix, num_sms(self.device)
+        )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)

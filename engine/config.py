@@ -76,6 +76,13 @@ class EngineConfig:
     # idle between steps 12.5 % -> 1.0 %, +10 % output tok/s at 256 running), off otherwise (a
     # CPU step is synchronous: nothing to overlap). True with either of those is refused.
     overlap_scheduling: bool | None = None
+    # Shared-prefix decode attention (kernels/shared_prefix_decode.py, docs/serving.md): eager
+    # decode steps read a prompt prefix that >= 2 running rows share (the prefix cache's same
+    # blocks, >= shared_prefix_min_tokens keys) once per group of rows, not once per row. Off
+    # until it measures faster (benchmarks/shared_prefix_bench.py); CUDA-graph decode steps
+    # keep the plain kernel.
+    shared_prefix_decode: bool = False
+    shared_prefix_min_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -147,5 +154,12 @@ class EngineConfig:
             raise ValueError("long_prefill_chunk must be >= 0 (0: no cap)")
         if self.ttft_target_s <= 0 or self.long_prompt_tokens_per_s <= 0:
             raise ValueError("ttft_target_s and long_prompt_tokens_per_s must be positive")
+        if self.shared_prefix_decode and not self.enable_prefix_caching:
+            raise ValueError(
+                "shared_prefix_decode needs enable_prefix_caching (rows share a prefix's KV "
+                "only through the prefix cache's blocks)"
+            )
+        if self.shared_prefix_min_tokens < self.block_size:
+            raise ValueError("shared_prefix_min_tokens must be >= block_size")
         if self.prefill_ttft_guard_s < 0 or self.ttft_prompt_tokens < 1:
             raise ValueError("prefill_ttft_guard_s must be >= 0 and ttft_prompt_tokens >= 1")

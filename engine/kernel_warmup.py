@@ -9,6 +9,9 @@
 #     (balanced_num_splits: 1, 2, 4 ... 64);
 #   * both with q/k/v as the graph pieces hand them (their own buffers) and as the eager forward
 #     does (views of one fused qkv tensor), which differ in strides;
+#   * with shared-prefix decode on, decodes in one group beside a chunk at every suffix and
+#     prefix split count (the split kernel's suffix variant, the prefix kernel, and the reduce
+#     over both, whose width is the sum);
 #   * with a draft model (speculative_method "draft"), the same steps through the draft too: it
 #     follows every prompt chunk eagerly and catches up in eager prefill passes, at its own head
 #     counts and widths, so its variants differ from the target's.
@@ -40,18 +43,24 @@ class WarmupStep:
     num_decodes: int
     decode_splits: int | None  # None: no decodes
     chunks: tuple[tuple[int, int], ...]  # (query tokens, cached tokens before them) per prompt
+    prefix_splits: int = 0  # > 0: the decodes form one shared-prefix group (split this often)
 
     @property
     def num_tokens(self) -> int:
         return self.num_decodes + sum(q for q, _ in self.chunks)
 
 
-def warmup_steps(max_tokens: int, max_model_len: int) -> list[WarmupStep]:
+def warmup_steps(
+    max_tokens: int, max_model_len: int, shared_prefix: bool = False
+) -> list[WarmupStep]:
     """The synthetic steps: every chunk length with and without a cached prefix beside a few
-    decodes, then every decode split count beside a short chunk. Steps longer than max_tokens
-    or max_model_len are left out (they cannot happen)."""
+    decodes, then every decode split count beside a short chunk (and with shared_prefix, beside
+    a shared-prefix group split as often). Steps longer than max_tokens or max_model_len are
+    left out (they cannot happen)."""
     steps = [WarmupStep(3, 1, ((q, prefix),)) for q in CHUNK_LENS for prefix in (0, CACHED_PREFIX)]
     steps += [WarmupStep(3, s, ((17, CACHED_PREFIX),)) for s in DECODE_SPLITS]
+    if shared_prefix:
+        steps += [WarmupStep(3, s, ((17, CACHED_PREFIX),), s) for s in DECODE_SPLITS]
     steps += [WarmupStep(0, None, ((q, 0),)) for q in (CHUNK_LENS[0], CHUNK_LENS[-1])]
     return [
         s for s in steps
@@ -59,10 +68,13 @@ def warmup_steps(max_tokens: int, max_model_len: int) -> list[WarmupStep]:
     ]  # fmt: skip
 
 
-def pack(step: WarmupStep, block_size: int, num_blocks: int, max_model_len: int) -> PackedBatch:
+def pack(
+    step: WarmupStep, block_size: int, num_blocks: int, max_model_len: int, max_rows: int = 16
+) -> PackedBatch:
     """The step as BatchBuilder.pack would lay it out: decodes first (DECODE_CONTEXT keys, at
     most max_model_len), token 0 everywhere, slots -1 (nothing stored), block tables 0, 1, 2 ...
-    (clamped to the pool)."""
+    (clamped to the pool); with prefix_splits the decodes (same tables) are one group of a
+    max_rows bucket sharing their whole blocks before the last key."""
     context = min(DECODE_CONTEXT, max_model_len)
     lens = [(1, context - 1)] * step.num_decodes + list(step.chunks)
     positions, seq_lens, starts = [], [], [0]
@@ -79,10 +91,19 @@ def pack(step: WarmupStep, block_size: int, num_blocks: int, max_model_len: int)
     i64 = np.array([0] * t + positions + [-1] * t + logits_indices, dtype=np.int64)
     header = np.array(seq_lens + starts + prefill_qsl, dtype=np.int32)
     decode_order = np.arange(nd, dtype=np.int32)  # equal contexts: any order is longest-first
+    parts = [header, tables.ravel(), decode_order]
+    groups = None
+    prefix = (context - 1) // block_size * block_size
+    if step.prefix_splits and 2 <= nd <= max_rows and prefix:
+        rows = np.full((1, max_rows), -1, dtype=np.int32)
+        rows[0, :nd] = np.arange(nd)
+        parts += [rows.ravel(), np.array([prefix], dtype=np.int32), np.full(nd, prefix, np.int32)]
+        groups = (1, max_rows)
     return PackedBatch(
-        i64=i64, i32=np.concatenate((header, tables.ravel(), decode_order)), num_tokens=t,
+        i64=i64, i32=np.concatenate(parts), num_tokens=t,
         num_seqs=s, max_blocks=max_blocks, num_decodes=nd, max_query_len=max(q for q, _ in lens),
-        has_drafts=False, decode_num_splits=step.decode_splits,
+        has_drafts=False, decode_num_splits=step.decode_splits, prefix_groups=groups,
+        decode_prefix_splits=max(1, step.prefix_splits),
     )  # fmt: skip
 
 
@@ -96,10 +117,12 @@ def warm_up_mixed_steps(runner) -> dict:
     before = compile_counter.snapshot()
     t0 = time.perf_counter()
     max_tokens = runner.config.max_num_batched_tokens
-    steps = warmup_steps(max_tokens, runner.max_model_len)
+    limits = runner.batch_builder.prefix_groups
+    steps = warmup_steps(max_tokens, runner.max_model_len, shared_prefix=limits is not None)
+    max_rows = limits.max_rows if limits is not None else 16
     pieces = runner.piecewise
     for step in steps:
-        packed = pack(step, runner.block_size, runner.num_blocks, runner.max_model_len)
+        packed = pack(step, runner.block_size, runner.num_blocks, runner.max_model_len, max_rows)
         batch = runner.batch_builder.to_device(packed)
         hidden = runner._forward(batch.input_ids, batch.positions, batch.meta)  # eager
         runner.model.compute_logits(hidden[batch.logits_indices])

@@ -24,6 +24,7 @@ from engine.models.loader import build_model
 from engine.models.quant_config import fp8_scheme
 from engine.models.rope import cos_sin_cache
 from engine.piecewise_graphs import PiecewiseGraphs
+from engine.prefix_groups import shared_prefix_limits
 from engine.request import Request
 from engine.sampler import HostCopy, SamplingBatch, sample
 from engine.scheduler import SchedulerOutput
@@ -85,7 +86,9 @@ class ModelRunner:
             self.draft.allocate(self.num_blocks)
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
-        self.batch_builder = BatchBuilder(self.block_size, device, self.shape.num_kv_heads)
+        self.batch_builder = BatchBuilder(
+            self.block_size, device, self.shape.num_kv_heads, shared_prefix_limits(config)
+        )
         self.graphs: StepGraphs | None = None  # pure-decode steps
         self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks
         self.verify_graphs: StepGraphs | None = None  # decodes with drafts (speculation on)
@@ -121,7 +124,9 @@ class ModelRunner:
         a request whose last token is PENDING_TOKEN reads it from `feed_ids` (the previous
         step's sampled ids [rows] on the device) at its row `feed_rows[request]`."""
         t0 = time.perf_counter()
-        packed = self.batch_builder.pack(out, feed_rows)
+        packed = self.batch_builder.pack(
+            out, feed_rows, group_prefixes=not self._graphs_will_replay(out)
+        )
         if self.tp.size > 1:
             self.tp.broadcast(packed.for_followers())  # the other ranks start the same step
         batch = self.batch_builder.to_device(packed)
@@ -260,6 +265,16 @@ class ModelRunner:
         if pw is None or batch.has_drafts or not pw.can_run(batch.input_ids.shape[0]):
             return None
         return pw
+
+    def _graphs_will_replay(self, out: SchedulerOutput) -> bool:
+        """Likely a decode-graph replay (which keeps the plain decode kernel): no need to look
+        for shared prefixes. A wrong guess only costs the plain kernel or a wasted grouping."""
+        g = self.graphs
+        return (
+            g is not None
+            and 0 < len(out.requests) == out.num_decodes <= g.max_bs
+            and not any(r.spec_token_ids for r in out.requests)
+        )
 
     def _graphs_for(self, batch) -> StepGraphs | None:
         if batch.has_drafts:

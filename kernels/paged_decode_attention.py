@@ -16,6 +16,9 @@
 #     runs an online softmax over its range and writes partial (max, sum, acc) in float32;
 #   * a reduce kernel rescales and sums the partials. With num_splits == 1 the split kernel
 #     normalises and writes the output itself and the reduce launch is skipped.
+#   * optional `key_start` (per-row first key) and `partials` (caller-owned scratch with more
+#     split slots than this launch fills; the caller reduces) let kernels/shared_prefix_decode.py
+#     run the suffix pass after a shared prefix through this kernel.
 import math
 
 import torch
@@ -94,8 +97,13 @@ def _widen_e4m3(x, dtype, FP8_WIDEN: tl.constexpr):
 # Batch-dependent ints and index tensors are not specialised on: otherwise each new value's
 # divisibility or pointer alignment triggers a fresh compile in the middle of serving.
 @triton.jit(
-    do_not_specialize=["num_splits", "stride_bt_seq"],
-    do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "seq_order_ptr"],
+    do_not_specialize=["num_splits", "part_splits", "stride_bt_seq"],
+    do_not_specialize_on_alignment=[
+        "block_tables_ptr",
+        "seq_lens_ptr",
+        "seq_order_ptr",
+        "key_start_ptr",
+    ],
 )
 def _decode_split_kernel(
     q_ptr,  # [num_seqs, num_heads, HEAD_DIM]
@@ -104,14 +112,16 @@ def _decode_split_kernel(
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq]
     seq_lens_ptr,  # [num_seqs]
     seq_order_ptr,  # [num_seqs] int32: the row the i-th program row takes (HAS_ORDER only)
+    key_start_ptr,  # [num_seqs] int32: first key of each row's range (HAS_KEY_START only)
     out_ptr,  # [num_seqs, num_heads, HEAD_DIM] (written only when NUM_SPLITS_IS_ONE)
-    part_max_ptr,  # [num_seqs, num_heads, num_splits] float32, running max (log2 domain)
-    part_sum_ptr,  # [num_seqs, num_heads, num_splits] float32, sum of exp2(s - max)
-    part_acc_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM] float32, unnormalised P @ V
+    part_max_ptr,  # [num_seqs, num_heads, part_splits] float32, running max (log2 domain)
+    part_sum_ptr,  # [num_seqs, num_heads, part_splits] float32, sum of exp2(s - max)
+    part_acc_ptr,  # [num_seqs, num_heads, part_splits, HEAD_DIM] float32, unnormalised P @ V
     qk_scale,  # softmax scale * k_scale * log2(e): scores go straight to exp2
     v_scale,  # FP8 cache: the accumulated P @ V times this
     num_heads,
     num_splits,
+    part_splits,  # split slots per (seq, head) in the partials: num_splits, or more (key_start)
     stride_q_seq,
     stride_q_head,
     stride_kc_block,
@@ -130,6 +140,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,  # keys per tile
     NUM_SPLITS_IS_ONE: tl.constexpr,
     HAS_ORDER: tl.constexpr,
+    HAS_KEY_START: tl.constexpr,
     KV_FP8: tl.constexpr,  # e4m3 cache: tiles are widened after loading (FP8_WIDEN)
     FP8_WIDEN: tl.constexpr,  # 0: to q's dtype; 1: to fp16 (cvt); 2: fp16 bits by shifts
     UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
@@ -145,10 +156,14 @@ def _decode_split_kernel(
         seq = tl.load(seq_order_ptr + seq)
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    # This split's key range [start, end): ceil(seq_len / num_splits) rounded up to whole tiles.
-    # A split past the end (short sequence, padding row with seq_len 0) gets an empty range.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    key_start = 0
+    if HAS_KEY_START:
+        key_start = tl.load(key_start_ptr + seq)  # <= seq_len
+    # This split's key range [start, end): ceil((seq_len - key_start) / num_splits) rounded up
+    # to whole tiles. A split past the end (short sequence, padding row with seq_len 0) gets an
+    # empty range.
+    split_len = tl.cdiv(tl.cdiv(seq_len - key_start, num_splits), BLOCK_N) * BLOCK_N
+    start = key_start + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G] row in the group
@@ -231,7 +246,7 @@ def _decode_split_kernel(
         # Every (seq, head, split) is written, empty splits as (-inf, 0, 0), so the reduce
         # kernel never reads uninitialised scratch.
         row = seq.to(tl.int64) * num_heads + heads  # [BLOCK_G] flat (seq, head) index
-        stat_offs = row * num_splits + split  # [BLOCK_G]
+        stat_offs = row * part_splits + split  # [BLOCK_G]
         tl.store(part_max_ptr + stat_offs, m_i, mask=g_mask)
         tl.store(part_sum_ptr + stat_offs, l_i, mask=g_mask)
         acc_ptrs = part_acc_ptr + stat_offs[:, None] * HEAD_DIM + offs_d[None, :]
@@ -270,7 +285,10 @@ def _decode_reduce_kernel(
     total = tl.sum(w * l, axis=1)  # [BLOCK_H]
     # part_acc[seq, head, s, d] -> [BLOCK_H, BLOCK_S, HEAD_DIM]
     acc_ptrs = part_acc_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :]
-    acc = tl.load(acc_ptrs, mask=hs_mask[:, :, None], other=0.0)
+    # an empty split's acc is not read: a caller's scratch (shared-prefix slots of a row outside
+    # any group) holds only its max (-inf) and sum (0)
+    acc_mask = hs_mask & (m > float("-inf"))
+    acc = tl.load(acc_ptrs, mask=acc_mask[:, :, None], other=0.0)
     o = tl.sum(w[:, :, None] * acc, axis=1)  # [BLOCK_H, HEAD_DIM]
     o = o / tl.where(total > 0.0, total, 1.0)[:, None]
     # out[seq, head, d]
@@ -408,6 +426,8 @@ def paged_decode_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     seq_order: torch.Tensor | None = None,
+    key_start: torch.Tensor | None = None,
+    partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Triton twin of `paged_decode_attention_ref` (split-KV, GQA-aware).
 
@@ -421,6 +441,12 @@ def paged_decode_attention(
     captured in a CUDA graph (with num_splits=None the count is fixed by the max_seq_len seen
     at capture). The float32 scratch for the partials (num_splits > 1) is allocated per call,
     from the graph's private pool under capture.
+
+    key_start: optional int32 [num_seqs], each row's first key (<= its seq_len); the keys
+    before it are left out. partials: optional float32 (max [num_seqs, num_heads, S], sum
+    [same], acc [num_seqs, num_heads, S, head_dim]) with S >= num_splits: the splits write
+    their partials into slots [0, num_splits), `out` is not written and the caller reduces
+    (kernels/shared_prefix_decode.py).
     """
     shape = check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
     check_shape("seq_lens", seq_lens, (q.shape[0],))  # one query token per sequence
@@ -452,7 +478,16 @@ def paged_decode_attention(
     widen = FP8_WIDEN_CODES[FP8_WIDEN] if kv_fp8 and q.dtype != torch.float32 else 0
     widen_gain = 256.0 if widen == 2 else 1.0
     upcast, precision = dot_config(q.dtype)
-    if num_splits > 1:
+    if partials is not None:
+        part_max, part_sum, part_acc = partials
+        part_splits = part_max.shape[2]
+        if part_splits < num_splits:
+            raise ValueError(f"partials hold {part_splits} splits, fewer than {num_splits}")
+        check_shape("partials max", part_max, (num_seqs, num_heads, part_splits))
+        check_shape("partials sum", part_sum, (num_seqs, num_heads, part_splits))
+        check_shape("partials acc", part_acc, (num_seqs, num_heads, part_splits, head_dim))
+    elif num_splits > 1:
+        part_splits = num_splits
         part_max = torch.empty(
             (num_seqs, num_heads, num_splits), dtype=torch.float32, device=device
         )
@@ -461,10 +496,14 @@ def paged_decode_attention(
             (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=device
         )
     else:
+        part_splits = 1
         part_max = part_sum = part_acc = out  # unused placeholders
     if seq_order is not None:
         check_tensor("seq_order", seq_order, ndim=1, dtypes=(torch.int32,), device=device)
         check_shape("seq_order", seq_order, (num_seqs,))
+    if key_start is not None:
+        check_tensor("key_start", key_start, ndim=1, dtypes=(torch.int32,), device=device)
+        check_shape("key_start", key_start, (num_seqs,))
     _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](
         q,
         k_cache,
@@ -472,6 +511,7 @@ def paged_decode_attention(
         block_tables,
         seq_lens,
         seq_lens if seq_order is None else seq_order,
+        seq_lens if key_start is None else key_start,
         out,
         part_max,
         part_sum,
@@ -480,6 +520,7 @@ def paged_decode_attention(
         float(v_scale) * widen_gain,
         num_heads,
         num_splits,
+        part_splits,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -496,8 +537,9 @@ def paged_decode_attention(
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         BLOCK_N=BLOCK_N,
-        NUM_SPLITS_IS_ONE=num_splits == 1,
+        NUM_SPLITS_IS_ONE=num_splits == 1 and partials is None,
         HAS_ORDER=seq_order is not None,
+        HAS_KEY_START=key_start is not None,
         KV_FP8=kv_fp8,
         FP8_WIDEN=widen,
         UPCAST_DOT=upcast,
@@ -505,7 +547,7 @@ def paged_decode_attention(
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and partials is None:
         block_h = reduce_heads_per_program(num_heads, group, num_splits)
         _decode_reduce_kernel[(num_seqs, triton.cdiv(num_heads, block_h))](
             part_max,

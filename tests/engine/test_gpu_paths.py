@@ -181,10 +181,12 @@ def test_paged_attention_prefill_paths_match_reference(cache_dtype, rotary):
     assert _rel(got, want) < 1e-2
 
 
-def test_no_kernel_compiles_after_start_up_warm_up(model_dir):
+@pytest.mark.parametrize("shared_prefix", [False, True], ids=["plain", "shared-prefix"])
+def test_no_kernel_compiles_after_start_up_warm_up(model_dir, shared_prefix):
     # Mixed steps of every shape (prompts of 1 to ~600 tokens, half behind a cached prefix,
     # chunked by a small budget, beside decodes of growing context) must find every attention
-    # variant compiled by the start-up warm-up (engine/kernel_warmup.py).
+    # variant compiled by the start-up warm-up (engine/kernel_warmup.py), with shared-prefix
+    # decode (the decodes behind the cached system prompt form groups) too.
     from kernels import compile_counter
 
     g = torch.Generator().manual_seed(1)
@@ -192,7 +194,8 @@ def test_no_kernel_compiles_after_start_up_warm_up(model_dir):
     lens = [1, 2, 3, 4, 5, 8, 9, 15, 17, 31, 33, 64, 100, 257, 600]
     prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in lens]
     prompts += [system + p for p in prompts]
-    llm = LLM(str(model_dir), dtype="bfloat16", device="cuda", max_num_batched_tokens=256)
+    shared = {"shared_prefix_decode": True, "shared_prefix_min_tokens": 32} if shared_prefix else {}
+    llm = LLM(str(model_dir), dtype="bfloat16", device="cuda", max_num_batched_tokens=256, **shared)
     report = llm.engine.runner.warmup_report
     assert report is not None and report["steps"] > 10
     before = compile_counter.snapshot()
@@ -201,3 +204,28 @@ def test_no_kernel_compiles_after_start_up_warm_up(model_dir):
     after = compile_counter.snapshot()
     new = {k: n - before.by_kernel.get(k, 0) for k, n in after.by_kernel.items()}
     assert llm.engine.stats().kernel_compiles == 0, {k: n for k, n in new.items() if n}
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_shared_prefix_decode_matches_plain_decode(model_dir, kv_cache_dtype, monkeypatch):
+    # Eager decode steps with shared-prefix attention on: the same greedy text as without it,
+    # and the shared kernel really ran (rows reuse a cached system prompt's blocks).
+    from kernels import shared_prefix_decode as spd
+    from tests.engine.test_prefix_groups import shared_prompts
+
+    prompts = shared_prompts()
+    opts = dict(device="cuda", dtype="float32", num_kv_blocks=128, use_cuda_graphs=False,
+                kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    plain_llm = LLM(str(model_dir), **opts)
+    plain_llm.generate(prompts[:1], GREEDY)
+    plain = plain_llm.generate(prompts, GREEDY)
+    calls = []
+    run = spd.shared_prefix_decode_attention
+    monkeypatch.setattr(
+        spd, "shared_prefix_decode_attention", lambda *a, **k: calls.append(1) or run(*a, **k)
+    )
+    llm = LLM(str(model_dir), shared_prefix_decode=True, shared_prefix_min_tokens=32, **opts)
+    llm.generate(prompts[:1], GREEDY)
+    for a, b in zip(plain, llm.generate(prompts, GREEDY)):
+        assert a.token_ids == b.token_ids
+    assert calls

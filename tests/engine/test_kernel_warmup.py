@@ -145,3 +145,24 @@ def test_warm_up_runs_the_draft_model_too_and_writes_none_of_its_cache(model_dir
     assert report["steps"] == len(steps)
     assert seen == [s.num_tokens for s in steps]  # every step, whole, through the draft
     assert torch.equal(draft.kv_caches, before)
+
+
+def test_shared_prefix_steps_pack_one_group_at_every_split_count(model_dir):
+    plain = warmup_steps(4096, 4096)
+    steps = warmup_steps(4096, 4096, shared_prefix=True)
+    shared = [s for s in steps if s.prefix_splits]
+    assert not any(s.prefix_splits for s in plain) and len(steps) == len(plain) + len(shared)
+    assert {s.prefix_splits for s in shared} == set(DECODE_SPLITS)
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", num_kv_blocks=64,
+              shared_prefix_decode=True, shared_prefix_min_tokens=32)  # fmt: skip
+    runner = llm.engine.runner
+    batch = runner.batch_builder.to_device(pack(shared[2], runner.block_size, 64, 4096, 16))
+    meta, nd = batch.meta, shared[2].num_decodes
+    groups = meta.decode_prefix_groups
+    prefix = (DECODE_CONTEXT - 1) // runner.block_size * runner.block_size
+    assert groups.rows.tolist() == [list(range(nd)) + [-1] * (16 - nd)]
+    assert groups.prefix_lens.tolist() == [prefix] and groups.key_start.tolist() == [prefix] * nd
+    assert meta.decode_prefix_splits == shared[2].prefix_splits
+    assert meta.decode_order.tolist() == list(range(nd))  # the layout before is intact
+    report = warm_up_mixed_steps(runner)
+    assert report["steps"] == len(warmup_steps(4096, runner.max_model_len, shared_prefix=True))

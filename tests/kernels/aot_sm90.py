@@ -26,6 +26,7 @@ from kernels import dense_prefill_ws as dense_ws
 from kernels import fp8_quant, rms_norm, rotary, rotary_store_kv, silu_mul, skinny_gemm, store_kv
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
+from kernels import shared_prefix_decode as spd
 from tests.kernels.ttgir_rows import rows_problem, tma_box_mismatches
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -163,18 +164,38 @@ def variants(dt: str = "bf16"):
         kv = {"k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "i32",
               "seq_lens_ptr": "i32", "seq_order_ptr": "i32"}  # fmt: skip
         block_n, warps, stages = pda.decode_launch(head_dim, kv_fp8)
-        for one_split, has_order in ((True, True), (True, False), (False, True)):
+        widen = pda.FP8_WIDEN_CODES[pda.FP8_WIDEN] if kv_fp8 else 0
+        # (one split, order, key_start): the last is shared-prefix decode's suffix pass
+        for one_split, has_order, key_start in (
+            (True, True, False), (True, False, False), (False, True, False), (False, True, True)
+        ):  # fmt: skip
             yield (
                 pda._decode_split_kernel,
                 {"q_ptr": dt, "out_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32",
-                 "part_acc_ptr": "fp32", **kv},
+                 "part_acc_ptr": "fp32", "key_start_ptr": "i32", **kv},
                 ("qk_scale", "v_scale"),
                 {"GROUP": group, "BLOCK_G": max(16, group), "HEAD_DIM": head_dim,
                  "BLOCK_SIZE": 16, "BLOCK_N": block_n, "NUM_SPLITS_IS_ONE": one_split,
-                 "HAS_ORDER": has_order, "KV_FP8": kv_fp8, "UPCAST_DOT": False,
-                 "DOT_PRECISION": "tf32"},
+                 "HAS_ORDER": has_order, "HAS_KEY_START": key_start, "KV_FP8": kv_fp8,
+                 "FP8_WIDEN": widen, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
                 warps, stages,
             )  # fmt: skip
+        # shared-prefix decode's prefix kernel at the engine's 16 rows a group
+        rows = 16  # engine/prefix_groups.py: MAX_ROWS
+        block_m = max(16, pda.next_power_of_2(rows * group))
+        p_block_n, p_warps, p_stages = spd.prefix_launch(block_m, head_dim)
+        if kv_fp8:
+            p_block_n = min(2 * p_block_n, block_n)
+        yield (
+            spd._prefix_split_kernel,
+            {"q_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32", "part_acc_ptr": "fp32",
+             "group_rows_ptr": "i32", "prefix_lens_ptr": "i32", **kv},
+            ("qk_scale", "v_scale"),
+            {"GROUP": group, "MAX_ROWS": rows, "BLOCK_M": block_m,
+             "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_N": p_block_n, "KV_FP8": kv_fp8,
+             "FP8_WIDEN": widen, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
+            p_warps, p_stages,
+        )  # fmt: skip
         yield (
             pda._decode_reduce_kernel,
             {"part_max_ptr": "fp32", "part_sum_ptr": "fp32", "part_acc_ptr": "fp32", "out_ptr": dt},
