@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     # request arriving during a long prefill step is admitted right after it.
     worker_poll_s: float = 0.002
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
+    # Rehearsals and tests only: every step also waits fixed + per decode row + per prompt token
+    # seconds (JSON, e.g. [0.03, 0.002, 0.001]), giving a CPU worker a big model's shape (a
+    # long prefill, a decode step that grows with the batch). None: off.
+    emulate_step_cost_s: tuple[float, float, float] | None = None
     # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
     control_timeout_s: float = 20.0
     profile_dir: Path | None = None  # /stop_profile's traces; None → <data_dir>/profiles

@@ -46,6 +46,7 @@ DEFAULT_ENV: dict[str, str | None] = {
 @dataclass
 class Outcome:
     sent_at: float
+    flex: bool = False
     status: int | None = None
     request_id: str | None = None
     retry_after: int | None = None
@@ -59,6 +60,7 @@ class Outcome:
 
 def one_stream(server, http: httpx.Client, body: dict, out: Outcome) -> None:
     started = time.monotonic()
+    out.flex = body.get("service_tier") == "flex"
     try:
         with http.stream(
             "POST",
@@ -89,7 +91,7 @@ def one_stream(server, http: httpx.Client, body: dict, out: Outcome) -> None:
     out.e2e_s = time.monotonic() - started
 
 
-def body() -> dict:
+def body(i: int = 0) -> dict:
     return completion_body(MAX_TOKENS, model=MODEL)
 
 
@@ -97,7 +99,7 @@ def http_client() -> httpx.Client:
     return httpx.Client(limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
 
 
-def closed_loop(server, clients: int, duration_s: float) -> list[Outcome]:
+def closed_loop(server, clients: int, duration_s: float, make_body=body) -> list[Outcome]:
     """Each client sends again as soon as its stream ends: the engine always has work."""
     outcomes: list[Outcome] = []
     stop = time.monotonic() + duration_s
@@ -106,7 +108,7 @@ def closed_loop(server, clients: int, duration_s: float) -> list[Outcome]:
         while time.monotonic() < stop:
             out = Outcome(time.monotonic())
             outcomes.append(out)
-            one_stream(server, http, body(), out)
+            one_stream(server, http, make_body(len(outcomes)), out)
             if out.retry_after:  # refused: a well-behaved client comes back when told
                 time.sleep(out.retry_after)
 
@@ -119,7 +121,7 @@ def closed_loop(server, clients: int, duration_s: float) -> list[Outcome]:
     return outcomes
 
 
-def open_loop(server, rate: float, duration_s: float) -> list[Outcome]:
+def open_loop(server, rate: float, duration_s: float, make_body=body) -> list[Outcome]:
     """Arrivals at `rate` whatever happens to them."""
     outcomes: list[Outcome] = []
     threads: list[threading.Thread] = []
@@ -131,7 +133,7 @@ def open_loop(server, rate: float, duration_s: float) -> list[Outcome]:
                 time.sleep(min(0.01, due - now))
             out = Outcome(now)
             outcomes.append(out)
-            t = threading.Thread(target=one_stream, args=(server, http, body(), out))
+            t = threading.Thread(target=one_stream, args=(server, http, make_body(i), out))
             t.start()
             threads.append(t)
         for t in threads:

@@ -63,6 +63,7 @@ def test_the_running_set_stops_at_what_the_tpot_target_allows():
     run(eng, 3)
     budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
     assert budget.room == budget.interactive_room == 2 and budget.limited_by == "seats"
+    assert budget.batch_room == 1  # one seat kept for an interactive arrival
     run(eng, 2, prefix="s")
     budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
     assert budget.room == 0 and budget.decode_step_s <= 0.04
@@ -84,14 +85,14 @@ def test_kv_headroom_holds_back_what_would_need_preemption():
 def test_an_idle_engine_always_takes_one():
     prices, eng = fitted_prices(), engine(num_kv_blocks=2)
     budget = intake_budget(eng, prices, report(prompt=100, output=100), settings())
-    assert budget.room == budget.interactive_room == 1
+    assert budget.room == budget.interactive_room == budget.batch_room == 1
 
 
 def test_interactive_requests_count_running_batch_seats_and_kv_as_theirs():
     prices, eng = fitted_prices(), engine()
     run(eng, 5, "batch")
     budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
-    assert budget.room == 0
+    assert budget.room == budget.batch_room + 1 == 0
     assert budget.interactive_room == 5
 
 
