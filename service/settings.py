@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     # with kv_headroom of its KV pool kept free for the running requests' growth.
     tpot_target_s: float = Field(0.04, gt=0)
     kv_headroom: float = Field(0.1, ge=0, lt=1)
+    # ... and this many entries beyond that, held in the engine's waiting queue until a seat
+    # frees (0: none; what waits stays in Redis, where other workers and admission see it).
+    worker_max_held: int = Field(0, ge=0)
     batch_min_free_kv: float = 0.25  # read batch work only with this fraction of KV free
     batch_max_waiting: int = 2  # ... and at most this many requests waiting in the engine
     device: str = "auto"

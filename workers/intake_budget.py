@@ -14,7 +14,9 @@
 #            their expected length and a kv_headroom share of the pool, in blocks of the mean
 #            request: admission keeps headroom so that preemption stays a transient event
 #
-# An idle engine always takes one (one that does not fit the whole pool fails explicitly).
+# worker_max_held (0 by default) lets it hold that many more in its waiting queue, ready for
+# the next free seat. An idle engine always takes one (one that does not fit the whole pool
+# fails explicitly).
 # Batch work is taken with one seat's and one mean request's KV to spare for an interactive
 # arrival, which would otherwise preempt it: flex yields to interactive, but rarely by preemption.
 # The same pass prices the engine's waiting queue per priority (prefill of what is not computed
@@ -108,10 +110,11 @@ def intake_budget(
     interactive_more = outlook[Priority.INTERACTIVE][1]
 
     def limits_of(others: int, free_blocks: int, more: int) -> dict[str, int]:
+        held = settings.worker_max_held  # entries it may hold beyond what it can start
         return {
             "waiting": settings.worker_max_waiting - num_waiting,
-            "seats": max_running - others,
-            "kv": (free_blocks - more - headroom) // per_request,
+            "seats": max_running - others + held,
+            "kv": (free_blocks - more - headroom) // per_request + held,
         }
 
     free = bm.num_free_blocks

@@ -141,6 +141,19 @@ def open_loop(server, rate: float, duration_s: float, make_body=body) -> list[Ou
     return outcomes
 
 
+def check_refusals_and_ends(capacity: list[Outcome], overload: list[Outcome], rows) -> None:
+    """What holds in every overload run: some requests are refused, each with an honest
+    Retry-After; every other one is admitted and runs to its end (`rows`: their usage rows)."""
+    assert not [(o.status, o.code, o.exception) for o in capacity if o.status not in (200, 503)]
+    admitted = [o for o in overload if o.status == 200]
+    refused = [o for o in overload if o.status == 503]
+    assert refused and {o.code for o in refused} == {"overloaded"}
+    assert all(o.retry_after >= 1 for o in refused)
+    assert len(admitted) + len(refused) == len(overload), [o.exception for o in overload]
+    assert all(o.finish_reason == "length" and o.error is None for o in admitted)
+    assert {r.status for r in rows} == {"length"}
+
+
 class WorkerMonitor:
     """The worker's running set, waiting queue and max_running, sampled every 0.25 s."""
 
@@ -204,17 +217,11 @@ def test_overload_on_the_default_settings_is_refused_not_crawled(tmp_path_factor
         f"p90 {e2e[p90]:.1f} s max {e2e[-1]:.1f} s; running max "
         f"{max(s['num_running'] for s in samples)}, preemptions {sum(r.preemptions for r in rows)}"
     )
-    assert not [(o.status, o.code, o.exception) for o in capacity if o.status not in (200, 503)]
-    # Some are refused, each with an honest Retry-After; every other one is admitted.
-    assert refused and {o.code for o in refused} == {"overloaded"}
-    assert all(o.retry_after >= 1 for o in refused)
-    assert len(admitted) + len(refused) == len(overload), [o.exception for o in overload]
-    # What is admitted runs to its end, gets its first token in time and ends about as fast as
-    # at capacity: nothing crawls.
-    assert all(o.finish_reason == "length" and o.error is None for o in admitted)
+    check_refusals_and_ends(capacity, overload, rows)
+    # What is admitted gets its first token in time and ends about as fast as at capacity:
+    # nothing crawls.
     assert first[-1] <= FIRST_TOKEN_LIMIT_S
     assert e2e[p90] <= 3 * at_capacity
-    assert {r.status for r in rows} == {"length"}
     # The worker took only what it could start at the TPOT target: its running set stayed within
     # the max_running its prices gave (the default max_num_seqs is 256), the rest waited in Redis.
     # (Sampled every 0.25 s, the running set may outlast a max_running that has since dropped.)

@@ -67,6 +67,9 @@ def test_the_running_set_stops_at_what_the_tpot_target_allows():
     run(eng, 2, prefix="s")
     budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
     assert budget.room == 0 and budget.decode_step_s <= 0.04
+    # Held entries: that many more wait in the engine for the next free seat.
+    held = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04, worker_max_held=3))
+    assert held.room == 3
     # A looser target lets the engine take more; the worker's waiting room still caps a turn.
     loose = intake_budget(eng, prices, report(), settings(tpot_target_s=0.2, worker_max_waiting=4))
     assert loose.room == 4 and loose.limited_by == "waiting"
