@@ -114,3 +114,12 @@ def test_waiting_work_is_priced_per_priority():
     assert {"prefill_token_s", "decode_token_s", "startable", "startable_interactive"} <= set(
         fields
     )
+
+
+def test_prices_follow_a_machine_that_slows_down():
+    prices = fitted_prices()
+    before = prices.decode_step_s(8, 8 * 32)
+    f = StepFeatures(8, 8 * 32, 0, 0.0)
+    for _ in range(100):  # the same turns now take twice as long (a CPU shared under load)
+        prices.observe(f, 2 * float(f.vector() @ TRUE))
+    assert 1.7 * before < prices.decode_step_s(8, 8 * 32) < 2.3 * before
