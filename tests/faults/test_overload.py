@@ -32,13 +32,14 @@ FIRST_TOKEN_LIMIT_S = 20.0
 WARMUP_S, CAPACITY_S, OVERLOAD_S = 8.0, 20.0, 20.0
 DEFAULTS = Settings.model_fields
 # The defaults, but for faster metrics snapshots (the monitor reads the stats): the shipped
-# model, its KV pool sized from memory, the default admission bounds (the fault scenarios'
-# shared settings raise them).
+# model, its KV pool sized from memory, the default admission bounds and TPOT target (the
+# other scenarios' shared settings loosen them).
 DEFAULT_ENV: dict[str, str | None] = {
     "FLEETLM_MODEL": DEFAULT_MODEL,
     "FLEETLM_NUM_KV_BLOCKS": None,
     "FLEETLM_MAX_QUEUE_WAIT_S": None,
     "FLEETLM_BATCH_MAX_QUEUE_WAIT_S": None,
+    "FLEETLM_TPOT_TARGET_S": None,
     "FLEETLM_METRICS_SNAPSHOT_S": "0.25",
 }
 
