@@ -25,7 +25,7 @@ def run_case(num_seqs: int, prompt_len: int, decode_steps: int, block_size: int 
     rng = random.Random(0)
     num_blocks = num_seqs * ((prompt_len + decode_steps + 64) // block_size + 2)
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
-    sched = Scheduler(bm, max_num_batched_tokens=8192, max_num_seqs=num_seqs, max_preemptions=8)
+    sched = Scheduler(bm, max_num_batched_tokens=8192, max_num_seqs=num_seqs)
     builder = BatchBuilder(block_size, torch.device("cpu"))
     params = SamplingParams(temperature=0, max_tokens=decode_steps + 64, ignore_eos=True)
     for i in range(num_seqs):

@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     # with kv_headroom of its KV pool kept free for the running requests' growth.
     tpot_target_s: float = Field(0.04, gt=0)
     kv_headroom: float = Field(0.1, ge=0, lt=1)
+    # ... and this many entries beyond that, held in the engine's waiting queue until a seat
+    # frees (0: none; what waits stays in Redis, where other workers and admission see it).
+    worker_max_held: int = Field(0, ge=0)
     batch_min_free_kv: float = 0.25  # read batch work only with this fraction of KV free
     batch_max_waiting: int = 2  # ... and at most this many requests waiting in the engine
     device: str = "auto"
@@ -128,6 +131,10 @@ class Settings(BaseSettings):
     # request arriving during a long prefill step is admitted right after it.
     worker_poll_s: float = 0.002
     worker_step_trace_dir: Path | None = None  # append per-step timing rows here (benchmarks)
+    # Rehearsals and tests only: every step also waits fixed + per decode row + per prompt token
+    # seconds (JSON, e.g. [0.03, 0.002, 0.001]), giving a CPU worker a big model's shape (a
+    # long prefill, a decode step that grows with the batch). None: off.
+    emulate_step_cost_s: tuple[float, float, float] | None = None
     # /reset_prefix_cache, /start_profile, /stop_profile wait this long for every live worker
     control_timeout_s: float = 20.0
     profile_dir: Path | None = None  # /stop_profile's traces; None → <data_dir>/profiles

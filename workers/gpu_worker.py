@@ -243,6 +243,7 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
         self.outbox.deltas += deltas
         if step is None:
             return -1
+        self._emulate_cost(step)
         elapsed = self.engine.step_time(step)
         self.busy.add(elapsed)
         self.num_steps += 1
@@ -251,6 +252,13 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
         self.load.on_step(step.out.total_tokens, turn_s)
         self.prices.observe(step.out.features, turn_s)
         return self.engine.last_step_row
+
+    def _emulate_cost(self, step) -> None:
+        """Settings.emulate_step_cost_s: the step takes as long as a bigger model's would."""
+        cost, shape = self.settings.emulate_step_cost_s, step.out.features
+        if cost is not None and shape is not None:
+            fixed, per_row, per_token = cost
+            time.sleep(fixed + per_row * shape.decodes + per_token * shape.prefill_tokens)
 
     def _poll_while_running(self, step, exchange: Exchange, results: list) -> tuple[list, bool]:
         """New queue entries read while the step is still on the GPU, every worker_poll_s, as

@@ -14,7 +14,11 @@
 #            their expected length and a kv_headroom share of the pool, in blocks of the mean
 #            request: admission keeps headroom so that preemption stays a transient event
 #
-# An idle engine always takes one (one that does not fit the whole pool fails explicitly).
+# worker_max_held (0 by default) lets it hold that many more in its waiting queue, ready for
+# the next free seat. An idle engine always takes one (one that does not fit the whole pool
+# fails explicitly).
+# Batch work is taken with one seat's and one mean request's KV to spare for an interactive
+# arrival, which would otherwise preempt it: flex yields to interactive, but rarely by preemption.
 # The same pass prices the engine's waiting queue per priority (prefill of what is not computed
 # plus the expected output still to come), which the worker publishes for admission.
 from __future__ import annotations
@@ -41,6 +45,9 @@ class IntakeBudget:
     # ... of interactive ones, which take the seats and KV of running batch requests (the
     # scheduler preempts those for them): batch work never holds interactive work back
     interactive_room: int
+    # ... of batch ones: one less than `room` while the engine works, so that an interactive
+    # arrival finds a seat and KV without preempting the batch request just started
+    batch_room: int
     limited_by: str  # waiting | seats | kv
     max_running: int  # the running set the TPOT target allows
     prefill_token_s: float | None = None  # a prompt token of the mean prompt (None: unpriced)
@@ -78,13 +85,18 @@ def intake_budget(
     mean_output = max(1.0, report.mean_output_tokens)
     context_per_row = mean_prompt + mean_output / 2  # a running request, half way through
 
+    expected = math.ceil(mean_output)
+    per_request = bm.num_blocks_for(math.ceil(mean_prompt) + expected)
+    headroom = math.ceil(settings.kv_headroom * bm.num_blocks)
     max_running = settings.max_num_seqs
     prefill_token_s = decode_token_s = decode_step_s = None
     if prices.fitted:
         lone = prices.decode_step_s(1, int(context_per_row))
         target = max(settings.tpot_target_s, LONE_TURN_FACTOR * lone)
         max_running = prices.max_rows(target, context_per_row, max_running)
-        rows = max_running
+        # An output token's price is a decode turn shared by the running set the engine
+        # sustains: the TPOT target's, or fewer when the KV pool holds fewer mean requests.
+        rows = max(1, min(max_running, (bm.num_blocks - headroom) // per_request))
         decode_token_s = prices.decode_step_s(rows, int(rows * context_per_row)) / rows
         prefill_token_s = prices.prefill_s(int(mean_prompt)) / mean_prompt
         context = sum(r.num_tokens for r in scheduler.running)
@@ -92,19 +104,17 @@ def intake_budget(
     elif report.tokens_per_s > 0:  # not fitted yet: every token at the measured mean rate
         prefill_token_s = decode_token_s = 1.0 / report.tokens_per_s
 
-    expected = math.ceil(mean_output)
     outlook = engine.scheduler.kv_outlook(expected)
-    per_request = bm.num_blocks_for(math.ceil(mean_prompt) + expected)
-    headroom = math.ceil(settings.kv_headroom * bm.num_blocks)
     batch = [r for r in scheduler.requests.values() if r.priority is Priority.BATCH]
     batch_held, batch_more = outlook[Priority.BATCH]
     interactive_more = outlook[Priority.INTERACTIVE][1]
 
     def limits_of(others: int, free_blocks: int, more: int) -> dict[str, int]:
+        held = settings.worker_max_held  # entries it may hold beyond what it can start
         return {
             "waiting": settings.worker_max_waiting - num_waiting,
-            "seats": max_running - others,
-            "kv": (free_blocks - more - headroom) // per_request,
+            "seats": max_running - others + held,
+            "kv": (free_blocks - more - headroom) // per_request + held,
         }
 
     free = bm.num_free_blocks
@@ -114,8 +124,9 @@ def intake_budget(
     )
     limited_by = min(every, key=every.__getitem__)
     room, interactive_room = max(0, every[limited_by]), max(0, min(interactive.values()))
+    batch_room = room - 1
     if num_running == num_waiting == 0 and every["waiting"] > 0:
-        room = interactive_room = max(room, 1)
+        room = interactive_room = batch_room = max(room, 1)
 
     now = time.time()
     work = {p.name.lower(): 0.0 for p in Priority}
@@ -135,6 +146,7 @@ def intake_budget(
     return IntakeBudget(
         room=room,
         interactive_room=interactive_room,
+        batch_room=batch_room,
         limited_by=limited_by,
         max_running=max_running,
         prefill_token_s=prefill_token_s,

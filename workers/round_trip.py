@@ -119,18 +119,22 @@ class RoundTrip:
         if self.metrics.snapshot_due(stats, self.draining.is_set()):
             self.metrics_publisher.submit()  # serialised and written off this thread
 
-        # Only what the engine can start at the TPOT target (workers/intake_budget.py).
+        # Only what the engine can start at the TPOT target (workers/intake_budget.py); batch
+        # work only with headroom, leaving room for an interactive arrival (which would
+        # otherwise preempt it), and then no more than that room this turn.
         room = budget.interactive_room
         if self.draining.is_set() or self.outage_since is not None:
             room = 0
         priorities = ["interactive"]
         free_frac = stats.num_free_blocks / max(stats.num_total_blocks, 1)
         if (
-            budget.room > 0
+            room > 0
+            and budget.batch_room > 0
             and free_frac >= self.settings.batch_min_free_kv
             and stats.num_waiting <= self.settings.batch_max_waiting
         ):
             priorities.append("batch")
+            room = min(room, budget.batch_room)
         intake: Intake = self.intake
         streams = intake.read_streams(priorities)
         exchange.at_reclaim = len(pipe)

@@ -87,7 +87,11 @@ def test_queue_full_is_503_with_retry_after_and_queued_requests_fail_without_wor
 
 
 def test_two_workers_drain_one_queue(qserver):
-    small = {"FLEETLM_MAX_NUM_SEQS": "2", "FLEETLM_WORKER_MAX_WAITING": "1"}
+    small = {
+        "FLEETLM_MAX_NUM_SEQS": "2",
+        "FLEETLM_WORKER_MAX_WAITING": "1",
+        "FLEETLM_WORKER_MAX_HELD": "1",
+    }
     qserver.start_worker(small)
     qserver.start_worker(small)
     wait_until(lambda: len(live_worker_ids(qserver)) == 2, 60, "two live workers", 0.2)
@@ -110,7 +114,14 @@ def test_two_workers_drain_one_queue(qserver):
 
 
 def test_sigkill_mid_stream_resumes_elsewhere_and_queued_requests_survive(qserver):
-    victim = qserver.start_worker({"FLEETLM_MAX_NUM_SEQS": "1", "FLEETLM_WORKER_MAX_WAITING": "4"})
+    # It holds what it cannot start yet in its engine's waiting queue (FLEETLM_WORKER_MAX_HELD).
+    victim = qserver.start_worker(
+        {
+            "FLEETLM_MAX_NUM_SEQS": "1",
+            "FLEETLM_WORKER_MAX_WAITING": "4",
+            "FLEETLM_WORKER_MAX_HELD": "4",
+        }
+    )
     wait_until(lambda: len(live_worker_ids(qserver)) == 1, 60, "the worker", 0.2)
     (victim_id,) = live_worker_ids(qserver)
     client = qserver.openai(timeout=60)

@@ -32,13 +32,14 @@ FIRST_TOKEN_LIMIT_S = 20.0
 WARMUP_S, CAPACITY_S, OVERLOAD_S = 8.0, 20.0, 20.0
 DEFAULTS = Settings.model_fields
 # The defaults, but for faster metrics snapshots (the monitor reads the stats): the shipped
-# model, its KV pool sized from memory, the default admission bounds (the fault scenarios'
-# shared settings raise them).
+# model, its KV pool sized from memory, the default admission bounds and TPOT target (the
+# other scenarios' shared settings loosen them).
 DEFAULT_ENV: dict[str, str | None] = {
     "FLEETLM_MODEL": DEFAULT_MODEL,
     "FLEETLM_NUM_KV_BLOCKS": None,
     "FLEETLM_MAX_QUEUE_WAIT_S": None,
     "FLEETLM_BATCH_MAX_QUEUE_WAIT_S": None,
+    "FLEETLM_TPOT_TARGET_S": None,
     "FLEETLM_METRICS_SNAPSHOT_S": "0.25",
 }
 
@@ -46,6 +47,7 @@ DEFAULT_ENV: dict[str, str | None] = {
 @dataclass
 class Outcome:
     sent_at: float
+    flex: bool = False
     status: int | None = None
     request_id: str | None = None
     retry_after: int | None = None
@@ -59,6 +61,7 @@ class Outcome:
 
 def one_stream(server, http: httpx.Client, body: dict, out: Outcome) -> None:
     started = time.monotonic()
+    out.flex = body.get("service_tier") == "flex"
     try:
         with http.stream(
             "POST",
@@ -89,7 +92,7 @@ def one_stream(server, http: httpx.Client, body: dict, out: Outcome) -> None:
     out.e2e_s = time.monotonic() - started
 
 
-def body() -> dict:
+def body(i: int = 0) -> dict:
     return completion_body(MAX_TOKENS, model=MODEL)
 
 
@@ -97,7 +100,7 @@ def http_client() -> httpx.Client:
     return httpx.Client(limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
 
 
-def closed_loop(server, clients: int, duration_s: float) -> list[Outcome]:
+def closed_loop(server, clients: int, duration_s: float, make_body=body) -> list[Outcome]:
     """Each client sends again as soon as its stream ends: the engine always has work."""
     outcomes: list[Outcome] = []
     stop = time.monotonic() + duration_s
@@ -106,7 +109,7 @@ def closed_loop(server, clients: int, duration_s: float) -> list[Outcome]:
         while time.monotonic() < stop:
             out = Outcome(time.monotonic())
             outcomes.append(out)
-            one_stream(server, http, body(), out)
+            one_stream(server, http, make_body(len(outcomes)), out)
             if out.retry_after:  # refused: a well-behaved client comes back when told
                 time.sleep(out.retry_after)
 
@@ -119,7 +122,7 @@ def closed_loop(server, clients: int, duration_s: float) -> list[Outcome]:
     return outcomes
 
 
-def open_loop(server, rate: float, duration_s: float) -> list[Outcome]:
+def open_loop(server, rate: float, duration_s: float, make_body=body) -> list[Outcome]:
     """Arrivals at `rate` whatever happens to them."""
     outcomes: list[Outcome] = []
     threads: list[threading.Thread] = []
@@ -131,12 +134,25 @@ def open_loop(server, rate: float, duration_s: float) -> list[Outcome]:
                 time.sleep(min(0.01, due - now))
             out = Outcome(now)
             outcomes.append(out)
-            t = threading.Thread(target=one_stream, args=(server, http, body(), out))
+            t = threading.Thread(target=one_stream, args=(server, http, make_body(i), out))
             t.start()
             threads.append(t)
         for t in threads:
             t.join(timeout=240)
     return outcomes
+
+
+def check_refusals_and_ends(capacity: list[Outcome], overload: list[Outcome], rows) -> None:
+    """What holds in every overload run: some requests are refused, each with an honest
+    Retry-After; every other one is admitted and runs to its end (`rows`: their usage rows)."""
+    assert not [(o.status, o.code, o.exception) for o in capacity if o.status not in (200, 503)]
+    admitted = [o for o in overload if o.status == 200]
+    refused = [o for o in overload if o.status == 503]
+    assert refused and {o.code for o in refused} == {"overloaded"}
+    assert all(o.retry_after >= 1 for o in refused)
+    assert len(admitted) + len(refused) == len(overload), [o.exception for o in overload]
+    assert all(o.finish_reason == "length" and o.error is None for o in admitted)
+    assert {r.status for r in rows} == {"length"}
 
 
 class WorkerMonitor:
@@ -202,17 +218,11 @@ def test_overload_on_the_default_settings_is_refused_not_crawled(tmp_path_factor
         f"p90 {e2e[p90]:.1f} s max {e2e[-1]:.1f} s; running max "
         f"{max(s['num_running'] for s in samples)}, preemptions {sum(r.preemptions for r in rows)}"
     )
-    assert not [(o.status, o.code, o.exception) for o in capacity if o.status not in (200, 503)]
-    # Some are refused, each with an honest Retry-After; every other one is admitted.
-    assert refused and {o.code for o in refused} == {"overloaded"}
-    assert all(o.retry_after >= 1 for o in refused)
-    assert len(admitted) + len(refused) == len(overload), [o.exception for o in overload]
-    # What is admitted runs to its end, gets its first token in time and ends about as fast as
-    # at capacity: nothing crawls.
-    assert all(o.finish_reason == "length" and o.error is None for o in admitted)
+    check_refusals_and_ends(capacity, overload, rows)
+    # What is admitted gets its first token in time and ends about as fast as at capacity:
+    # nothing crawls.
     assert first[-1] <= FIRST_TOKEN_LIMIT_S
     assert e2e[p90] <= 3 * at_capacity
-    assert {r.status for r in rows} == {"length"}
     # The worker took only what it could start at the TPOT target: its running set stayed within
     # the max_running its prices gave (the default max_num_seqs is 256), the rest waited in Redis.
     # (Sampled every 0.25 s, the running set may outlast a max_running that has since dropped.)

@@ -63,9 +63,13 @@ def test_the_running_set_stops_at_what_the_tpot_target_allows():
     run(eng, 3)
     budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
     assert budget.room == budget.interactive_room == 2 and budget.limited_by == "seats"
+    assert budget.batch_room == 1  # one seat kept for an interactive arrival
     run(eng, 2, prefix="s")
     budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
     assert budget.room == 0 and budget.decode_step_s <= 0.04
+    # Held entries: that many more wait in the engine for the next free seat.
+    held = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04, worker_max_held=3))
+    assert held.room == 3
     # A looser target lets the engine take more; the worker's waiting room still caps a turn.
     loose = intake_budget(eng, prices, report(), settings(tpot_target_s=0.2, worker_max_waiting=4))
     assert loose.room == 4 and loose.limited_by == "waiting"
@@ -84,14 +88,14 @@ def test_kv_headroom_holds_back_what_would_need_preemption():
 def test_an_idle_engine_always_takes_one():
     prices, eng = fitted_prices(), engine(num_kv_blocks=2)
     budget = intake_budget(eng, prices, report(prompt=100, output=100), settings())
-    assert budget.room == budget.interactive_room == 1
+    assert budget.room == budget.interactive_room == budget.batch_room == 1
 
 
 def test_interactive_requests_count_running_batch_seats_and_kv_as_theirs():
     prices, eng = fitted_prices(), engine()
     run(eng, 5, "batch")
     budget = intake_budget(eng, prices, report(), settings(tpot_target_s=0.04))
-    assert budget.room == 0
+    assert budget.room == budget.batch_room + 1 == 0
     assert budget.interactive_room == 5
 
 
@@ -110,3 +114,12 @@ def test_waiting_work_is_priced_per_priority():
     assert {"prefill_token_s", "decode_token_s", "startable", "startable_interactive"} <= set(
         fields
     )
+
+
+def test_prices_follow_a_machine_that_slows_down():
+    prices = fitted_prices()
+    before = prices.decode_step_s(8, 8 * 32)
+    f = StepFeatures(8, 8 * 32, 0, 0.0)
+    for _ in range(100):  # the same turns now take twice as long (a CPU shared under load)
+        prices.observe(f, 2 * float(f.vector() @ TRUE))
+    assert 1.7 * before < prices.decode_step_s(8, 8 * 32) < 2.3 * before

@@ -21,6 +21,7 @@ BATCH_ENV = {
     # batch backlog builds up in the engine's waiting queue, where priority decides the order.
     "FLEETLM_MAX_NUM_SEQS": "2",
     "FLEETLM_WORKER_MAX_WAITING": "64",
+    "FLEETLM_WORKER_MAX_HELD": "64",
     "FLEETLM_BATCH_MAX_WAITING": "64",
 }
 FINAL = ("completed", "failed", "expired", "cancelled")

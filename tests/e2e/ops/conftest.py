@@ -19,6 +19,7 @@ def fleet(tmp_path_factory):
             "FLEETLM_METRICS_PORT": str(metrics_port),
             "FLEETLM_METRICS_SNAPSHOT_S": "0.5",
             "FLEETLM_MAX_NUM_SEQS": "2",  # so a busy worker holds unstarted requests to hand back
+            "FLEETLM_WORKER_MAX_HELD": "8",
             "FLEETLM_DRAIN_TIMEOUT_S": "60",
             "FLEETLM_LOG_FORMAT": "json",
         },

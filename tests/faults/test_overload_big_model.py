@@ -1,0 +1,109 @@
+# Overload on a worker with a big model's shape: every step also waits what a 70B's would cost
+# relative to its decodes (Settings.emulate_step_cost_s: a long prefill, 0.5 ms per prompt
+# token, and a decode turn that grows with the batch), long prompts, and a KV pool that holds
+# only a few of them at once. Offered 3× what it sustains, 30 % of it flex: admission, not
+# preemption, holds the line. The worker takes only what its KV headroom lets it start, the rest
+# waits in Redis where admission counts it and refuses (503 with Retry-After, reason `kv`) what
+# cannot start in time; nothing is preempted, nothing fails, and the admitted interactive
+# requests get their first token within the limit whatever the flex traffic does.
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.faults.conftest import completion_body, fault_server
+from tests.faults.test_overload import (
+    DEFAULT_ENV,
+    FIRST_TOKEN_LIMIT_S,
+    MODEL,
+    WorkerMonitor,
+    check_refusals_and_ends,
+    closed_loop,
+    open_loop,
+)
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(420)
+
+PROMPT_TOKENS, MAX_TOKENS = 300, 40  # 340 tokens: 22 blocks of 16
+NUM_KV_BLOCKS = 100  # four such requests, three with the 10 % headroom
+BIG_MODEL_ENV = DEFAULT_ENV | {
+    "FLEETLM_EMULATE_STEP_COST_S": "[0.02, 0.001, 0.0005]",
+    "FLEETLM_NUM_KV_BLOCKS": str(NUM_KV_BLOCKS),
+}
+WARMUP_S, CAPACITY_S, OVERLOAD_S = 10.0, 20.0, 20.0
+
+
+def long_body(i: int) -> dict:
+    """Distinct long prompts (no prefix-cache hits between them); every third one flex."""
+    start = 100 + (i * 7) % 3000
+    prompt = [start + j % 500 for j in range(PROMPT_TOKENS)]
+    tier = {"service_tier": "flex"} if i % 3 == 2 else {}
+    return completion_body(MAX_TOKENS, model=MODEL, prompt=prompt, **tier)
+
+
+def series(server, name: str) -> float:
+    import httpx
+
+    r = httpx.get(
+        server.base_url + "/metrics",
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines() if line.startswith(name)
+    )
+
+
+def test_a_big_models_kv_pool_is_held_by_admission_not_preemption(tmp_path_factory):
+    srv = fault_server(tmp_path_factory, "overload-big", workers=1, **BIG_MODEL_ENV)
+
+    def idle():
+        (w,) = srv.workers_stats()
+        return w if "decode_token_s" in w and w["num_running"] == w["num_waiting"] == 0 else None
+
+    try:
+        closed_loop(srv, 4, WARMUP_S, long_body)
+        wait_until(idle, 60, "the worker's step prices and an idle worker", 0.2)
+        capacity = closed_loop(srv, 8, CAPACITY_S, long_body)
+        served = [o for o in capacity if o.finish_reason == "length"]
+        rate = len(served) / CAPACITY_S
+        wait_until(idle, 60, "the worker to be idle", 0.2)
+        preempted_before = series(srv, "vllm:num_preemptions_total")
+        monitor = WorkerMonitor(srv)
+        overload = open_loop(srv, 3 * rate, OVERLOAD_S, long_body)
+        samples = monitor.join()
+        wait_until(idle, 60, "the worker to be idle", 0.2)
+        admitted = [o for o in overload if o.status == 200]
+        rows = srv.usage_rows([o.request_id for o in admitted], timeout_s=60)
+        preempted = series(srv, "vllm:num_preemptions_total") - preempted_before
+        kv_refusals = series(
+            srv, 'fleetlm:overload_refusals_total{priority="interactive",reason="kv"'
+        )
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+    refused = [o for o in overload if o.status == 503]
+    flex_ids = {o.request_id for o in admitted if o.flex}
+    interactive = sorted(o.first_token_s for o in admitted if not o.flex)
+    median = statistics.median(o.e2e_s for o in served)
+    running = max(s["num_running"] for s in samples)
+    kv_max = max(s["kv_cache_usage"] for s in samples)
+    print(
+        f"big model: capacity {rate:.2f} req/s (median {median:.1f} s); at 3x: {len(refused)} "
+        f"of {len(overload)} refused ({kv_refusals:.0f} interactive for kv), {len(admitted)} "
+        f"admitted ({len(flex_ids)} flex), interactive first token max {interactive[-1]:.1f} s; "
+        f"running max {running}, kv usage max {kv_max:.2f}, preemptions {preempted:.0f}"
+    )
+    # Refusals with Retry-After; everything admitted completes: nothing fails for lack of KV.
+    check_refusals_and_ends(capacity, overload, rows)
+    # Flex requests yield to interactive ones, rarely by preemption; interactive ones never.
+    assert all(r.preemptions == 0 for r in rows if r.request_id not in flex_ids)
+    assert preempted <= len(flex_ids)
+    # Interactive requests got their first token in time, flex traffic notwithstanding.
+    assert interactive and interactive[-1] <= FIRST_TOKEN_LIMIT_S
+    # KV, not the TPOT target, is what held the line: the worker's intake was bound by its KV
+    # headroom, and admission refused interactive requests for it.
+    assert sum(s["limited_by"] == "kv" for s in samples) >= 0.5 * len(samples)
+    assert kv_refusals > 0
