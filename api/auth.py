@@ -1,6 +1,8 @@
 # Bearer key → principal (tenant + key). Keys are verified against their hash in Postgres and
-# trusted for `api_key_cache_s` afterwards, so the hot path does no database read: a revoked key
-# or changed limits take effect within that time. A verification stamps the key's last_used_at.
+# trusted for `api_key_cache_s` afterwards, so the hot path does no database read: changed
+# limits take effect within that time. A revoked key is refused at once: revocation pushes its
+# hash to every API process (api/revoked_keys.py), checked before the cache. A verification
+# stamps the key's last_used_at.
 #
 # Postgres away: serving must not stop with it. A key verified within `api_key_stale_s` keeps
 # working from the cache (with the limits it had) while the database does not answer within
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Container
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -47,8 +50,10 @@ class KeyVerifier:
         stale_s: float = 3600.0,
         timeout_s: float = 2.0,
         retry_after_s: int = 2,
+        revoked: Container[str] = frozenset(),
     ) -> None:
         self._sessions = sessions
+        self._revoked = revoked  # hashes of keys revoked (pushed through Redis)
         self._cache_s, self._stale_s = cache_s, stale_s
         self._timeout_s, self._retry_after_s = timeout_s, retry_after_s
         self._cache: dict[str, tuple[Principal, float]] = {}  # key hash → (principal, verified)
@@ -67,6 +72,9 @@ class KeyVerifier:
             raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
         key = key.strip()
         digest = hash_key(key)
+        if digest in self._revoked:
+            self._cache.pop(digest, None)
+            raise unauthorized("incorrect API key provided")
         hit = self._cache.get(digest)
         age = time.monotonic() - hit[1] if hit is not None else None
         if hit is not None and age < self._cache_s:

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from api.auth import DATABASE_ERRORS
 from service.errors import (
@@ -44,10 +45,34 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> ErrorRes
     return api_error_response(validation_error(exc.errors()))
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> ErrorResponse:
+async def _http_error(request: Request, exc: StarletteHTTPException) -> ErrorResponse:
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     body = error_body(str(exc.detail), kind, code=default_code(exc.status_code))
-    return ErrorResponse(body, status_code=exc.status_code, headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:
+        headers = (headers or {}) | {"Allow": ", ".join(allowed_methods(request))}
+    return ErrorResponse(body, status_code=exc.status_code, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path: Starlette's 405 names only those of
+    the first route that matched the path (GET /v1/files and POST /v1/files are two routes)."""
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "\x00"}  # matches no route's methods: path only
+    for route in _flat(request.app.router.routes):
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
+def _flat(routes):
+    # FastAPI keeps an included router as one entry that expands to its routes.
+    for route in routes:
+        if hasattr(route, "effective_route_contexts"):
+            yield from route.effective_route_contexts()
+        else:
+            yield route
 
 
 def _retry_after_s(request: Request) -> int:

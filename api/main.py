@@ -13,6 +13,7 @@ from api.auth import KeyVerifier
 from api.client_leases import ClientLeases
 from api.drain import Drain
 from api.load_shedding import LoadShedder
+from api.revoked_keys import RevokedKeys
 from api.routes import (
     admin,
     batches,
@@ -51,6 +52,8 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
             max_connections=settings.redis_max_connections,
         )
         max_model_len = settings.resolved_max_model_len()
+        revoked = RevokedKeys(redis)
+        revoked.start()
         app.state.fleetlm = AppState(
             settings=settings,
             redis=redis,
@@ -62,6 +65,7 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
                 stale_s=settings.api_key_stale_s,
                 timeout_s=settings.database_timeout_s,
                 retry_after_s=settings.unavailable_retry_after_s,
+                revoked=revoked,
             ),
             shedder=LoadShedder(settings, max_model_len),
             tokenizer=Tokenizer.for_model(settings.model),
@@ -82,6 +86,7 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
             yield
         finally:
             await app.state.fleetlm.leases.aclose()
+            await revoked.aclose()
             if app.state.fleetlm.mux is not None:
                 await app.state.fleetlm.mux.aclose()
             await redis.aclose()

@@ -117,6 +117,13 @@ def _configured(document: dict[str, Any], settings: Settings) -> dict[str, Any]:
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         if name in schemas:
             schemas[name]["properties"]["model"]["enum"] = [settings.model_name]
+    for name, schema in schemas.items():  # an upload: a batch input file, never empty
+        if name.startswith("Body_upload_file"):
+            schema["properties"]["file"] |= {
+                "minLength": 1,
+                "description": "JSONL in the OpenAI Batch input format, at least one request "
+                "line (an empty or malformed file is refused with 400 invalid_batch_file).",
+            }
     if "CreateBatch" in schemas:
         windows = schemas["CreateBatch"]["properties"]["completion_window"]
         windows["enum"] = list(settings.batch_completion_windows)

@@ -5,7 +5,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,10 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
+# Texts at least this long are encoded without holding the interpreter lock (Tokenizer.encode).
+_UNLOCKED_ENCODE_CHARS = 16384
+
+
 class Tokenizer(_ChatMixin):
     def __init__(
         self,
@@ -238,7 +242,18 @@ class Tokenizer(_ChatMixin):
         return ByteTokenizer.for_model(model)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) < _UNLOCKED_ENCODE_CHARS:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # tokenizers' single encode holds the interpreter lock throughout (about a second for
+        # a megabyte), stalling every other thread of the process, an API's event loop
+        # included; its batch encode releases it while the Rust code runs.
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (its vocabulary string, which is at least as
+        long as its text): a text of n characters is at least n / this many tokens."""
+        return max(map(len, self._tok.get_vocab(with_added_tokens=True)))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         # HF would also run clean_up_tokenization_spaces; transformers 5 skips it for BPE models,
@@ -321,6 +336,10 @@ class ByteTokenizer(_ChatMixin):
         except (ValueError, OSError, KeyError):
             return cls()
         return cls(config.vocab_size, config.bos_token_id, config.eos_token_ids)
+
+    @property
+    def max_token_chars(self) -> int:
+        return max(map(len, self._name_to_id))  # a special; any other character is 1+ bytes
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = [self.bos_token_id] if add_special_tokens and self.bos_token_id is not None else []

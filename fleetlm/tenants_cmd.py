@@ -181,10 +181,28 @@ def keys(args: argparse.Namespace) -> int:
 
 def revoke(args: argparse.Namespace) -> int:
     from metering.tenants import revoke_key
+    from service.embedded import resolve_urls
+    from service.redis_clients import UNREACHABLE, sync_redis
+    from service.revocations import push_revoked
+    from service.settings import Settings
 
     with session_for(args) as session:
-        n = revoke_key(session, args.prefix)
-    if n == 0:
+        hashes = revoke_key(session, args.prefix)
+    if not hashes:
         raise SystemExit(f"fleetlm tenants: no active key with prefix {args.prefix!r}")
-    print(f"revoked {n} key(s); API processes stop accepting it within FLEETLM_API_KEY_CACHE_S")
+    settings = Settings()
+    try:
+        redis_url = settings.redis_url or resolve_urls(settings, args.data_dir)[0]
+        push_revoked(sync_redis(redis_url, settings), hashes)
+    except (*UNREACHABLE, SystemExit) as exc:
+        print(
+            f"revoked {len(hashes)} key(s) in the database, but could not tell the API processes "
+            f"through Redis ({exc}): they refuse it within FLEETLM_API_KEY_CACHE_S "
+            f"({settings.api_key_cache_s:g} s) while Postgres answers, and may accept it from "
+            f"their caches for up to FLEETLM_API_KEY_STALE_S ({settings.api_key_stale_s:g} s) "
+            "while it does not",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"revoked {len(hashes)} key(s); every API process refuses it from now on")
     return 0

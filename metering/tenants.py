@@ -116,8 +116,9 @@ def list_keys(session: Session, name: str) -> list[ApiKey]:
     return list(session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant.id)))
 
 
-def revoke_key(session: Session, prefix: str) -> int:
-    """Revokes the active keys whose visible prefix (or full id) matches; returns how many."""
+def revoke_key(session: Session, prefix: str) -> list[str]:
+    """Revokes the active keys whose visible prefix (or full id) matches; returns their hashes
+    (for service/revocations.py's push)."""
     matches = ApiKey.prefix == prefix
     if len(prefix) == 36:
         matches = matches | (func.cast(ApiKey.id, ApiKey.prefix.type) == prefix)
@@ -125,5 +126,6 @@ def revoke_key(session: Session, prefix: str) -> int:
         update(ApiKey)
         .where(matches, ApiKey.revoked_at.is_(None))
         .values(revoked_at=datetime.now(UTC))
+        .returning(ApiKey.key_hash)
     )
-    return result.rowcount
+    return list(result.scalars())

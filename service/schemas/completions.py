@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, StrictBool, field_validator
 
 from service.schemas.fields import NonEmptyStr, NonNegativeInt, OnlyOne, PositiveInt
 from service.schemas.formatter import Formatter, created_now
@@ -22,9 +22,19 @@ Prompt = (
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: PositiveInt | None = 16  # the legacy endpoint's default
-    echo: Literal[False] = Field(False, description="Not supported.")
+    # A strict bool (0 is not false, as 1 is not true), and only false: echo is not supported.
+    echo: StrictBool = Field(
+        False, description="Not supported.", json_schema_extra={"enum": [False]}
+    )
     suffix: Literal[""] | None = Field(None, description="Not supported.")
     best_of: OnlyOne | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported by this server; omit it or send false")
+        return v
 
     @field_validator("prompt")
     @classmethod

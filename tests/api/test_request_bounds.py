@@ -182,3 +182,25 @@ def test_unpaired_surrogates_are_400(app_client, tenant, path, body, param):
     paired = json.dumps({"model": "tiny", "prompt": "\U0001f642", "max_tokens": 5000})
     response = post_raw(app_client, tenant.key, "/v1/completions", paired.encode())
     assert_400(response, "prompt", "context_length_exceeded")
+
+
+def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_tokenising(
+    app_client, tenant
+):
+    # More characters than max_model_len tokens can stand for (each at most max_token_chars):
+    # refused on its length alone, whatever the tokenizer would make of it.
+    from engine.tokenizer import Tokenizer
+
+    limit = SETTINGS.resolved_max_model_len()
+    most = limit * Tokenizer.for_model(SETTINGS.model).max_token_chars
+    prompt = "q" * (most + 100)
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 4}
+    error = assert_400(
+        post(app_client, tenant.key, "/v1/completions", json=body),
+        "prompt",
+        "context_length_exceeded",
+    )
+    assert f"{len(prompt)} characters" in error["message"], error
+    messages = [{"role": "user", "content": prompt}]
+    error = assert_400(chat(app_client, tenant.key, messages=messages), "messages")
+    assert f"{len(prompt)} characters" in error["message"], error

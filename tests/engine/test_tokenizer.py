@@ -329,3 +329,31 @@ def test_imports_without_torch() -> None:
     )
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+def test_a_long_text_is_encoded_without_holding_the_interpreter_lock():
+    # An API process tokenises in its threadpool: a long prompt must not stop its event loop
+    # (the main thread here) for the whole encode, as tokenizers' single encode does.
+    import threading
+
+    shipped = Path(__file__).resolve().parents[2] / "models" / "fleetlm-tiny-chat"
+    tok = Tokenizer.from_pretrained(shipped)
+    text = "hello world, " * 150_000  # ~2 MB: on the order of a second to encode
+    started, done = threading.Event(), threading.Event()
+    result: list = []
+
+    def encode():
+        started.set()
+        result.append(tok.encode(text))
+        done.set()
+
+    thread = threading.Thread(target=encode)
+    thread.start()
+    started.wait()
+    turns = 0
+    while not done.is_set():
+        time.sleep(0.001)
+        turns += 1
+    thread.join()
+    assert result[0] == tok._tok.encode(text).ids  # the same tokens either way
+    assert turns >= 20, f"the main thread ran {turns} times during the encode"
