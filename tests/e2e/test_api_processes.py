@@ -2,7 +2,8 @@
 # streams on its own (the other one stopped with SIGSTOP, so the kernel can only hand new
 # connections to it), /metrics from either reports the sum over both, one killed with SIGKILL is
 # restarted while the other keeps the port answering (its counts stay in the sum), and on SIGTERM
-# both finish the streams they relay before `serve` exits.
+# both finish the streams they relay before `serve` exits. One `fleetlm serve` for both tests: the
+# drain test, last, ends it.
 from __future__ import annotations
 
 import json
@@ -22,6 +23,23 @@ pytestmark = pytest.mark.timeout(240)
 
 PER_PHASE = 3
 DRAIN_TOKENS = 1200  # seconds of streaming on CPU: still running when SIGTERM lands
+ENV = {"FLEETLM_API_PROCESSES": "2", "FLEETLM_DRAIN_DELAY_S": "0.5"}
+
+
+@pytest.fixture(scope="module")
+def two_apis(tmp_path_factory):
+    """A serve with two API processes, started on first use and again after one has ended."""
+    started = []
+
+    def get():
+        if not started or started[-1].proc.poll() is not None:
+            data_dir = tmp_path_factory.mktemp("two-apis") / "data"
+            started.append(start_server(data_dir, workers=None, env=ENV))
+        return started[-1]
+
+    yield get
+    for server in started:
+        server.stop()
 
 
 def api_pids(serve_pid: int) -> list[int]:
@@ -79,43 +97,39 @@ def phase(server, label: str) -> None:
             assert stream_one(server, client, f"{label} {i}") == 8
 
 
-def test_two_api_processes_share_the_port(tmp_path):
-    server = start_server(tmp_path / "data", workers=None, env={"FLEETLM_API_PROCESSES": "2"})
-    try:
-        pids = wait_until(
-            lambda: (p := api_pids(server.proc.pid)) and len(p) == 2 and p, 30, "two API pids"
-        )
-        assert "2 API process(es)" in server.log()
-        # Each process alone: the other is stopped, so only one can accept the connections.
-        for stopped in pids:
-            os.kill(stopped, signal.SIGSTOP)
-            try:
-                phase(server, f"without {stopped}")
-            finally:
-                os.kill(stopped, signal.SIGCONT)
-        # Either process's /metrics sums both: every admission so far.
-        wait_until(lambda: admissions(server) == 2 * PER_PHASE, 20, "summed admissions")
+def test_two_api_processes_share_the_port(two_apis):
+    server = two_apis()
+    before = admissions(server)
+    pids = wait_until(
+        lambda: (p := api_pids(server.proc.pid)) and len(p) == 2 and p, 30, "two API pids"
+    )
+    assert "2 API process(es)" in server.log()
+    # Each process alone: the other is stopped, so only one can accept the connections.
+    for stopped in pids:
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            phase(server, f"without {stopped}")
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+    # Either process's /metrics sums both: every admission so far.
+    wait_until(lambda: admissions(server) == before + 2 * PER_PHASE, 20, "summed admissions")
 
-        victim, survivor = pids
-        os.kill(victim, signal.SIGKILL)
-        phase(server, "after the kill")  # the port answers meanwhile
-        restarted = wait_until(
-            lambda: (p := api_pids(server.proc.pid)) and len(p) == 2 and victim not in p and p,
-            60,
-            "the killed API process to be restarted",
-        )
-        assert survivor in restarted
-        assert re.search(r"api-\d exited \(-9\); restarting", server.log())
-        # The dead process's counts stay in the sum.
-        wait_until(lambda: admissions(server) == 3 * PER_PHASE, 20, "admissions after a kill")
-    finally:
-        rc = server.stop()
-    assert rc == 0, server.log()
+    victim, survivor = pids
+    os.kill(victim, signal.SIGKILL)
+    phase(server, "after the kill")  # the port answers meanwhile
+    restarted = wait_until(
+        lambda: (p := api_pids(server.proc.pid)) and len(p) == 2 and victim not in p and p,
+        60,
+        "the killed API process to be restarted",
+    )
+    assert survivor in restarted
+    assert re.search(r"api-\d exited \(-9\); restarting", server.log())
+    # The dead process's counts stay in the sum.
+    wait_until(lambda: admissions(server) == before + 3 * PER_PHASE, 20, "admissions after a kill")
 
 
-def test_both_processes_drain_their_streams_on_sigterm(tmp_path):
-    env = {"FLEETLM_API_PROCESSES": "2", "FLEETLM_DRAIN_DELAY_S": "0.5"}
-    server = start_server(tmp_path / "data", workers=None, env=env)
+def test_both_processes_drain_their_streams_on_sigterm(two_apis):
+    server = two_apis()
     results: dict[int, int | BaseException] = {}
     opened: dict[int, threading.Event] = {}
 
