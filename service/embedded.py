@@ -159,6 +159,7 @@ def ensure_runtime_dir() -> None:
     path.chmod(0o700)
     os.environ["XDG_RUNTIME_DIR"] = str(path)
 
+
 def _write_private(path: Path, text: str) -> None:
     """Written readable by its owner only, from the first byte."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
