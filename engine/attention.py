@@ -37,9 +37,9 @@ class AttentionMetadata:
     # [num_decodes] int32: the decode rows by context length, longest first (the decode
     # kernel starts its programs in this order, so its last wave is short rows); None: as is
     decode_order: torch.Tensor | None = None
-    # Decode rows sharing prefix blocks (EngineConfig.shared_prefix_decode; eager steps on
-    # CUDA): their prefix is read once per group, then decode_num_splits covers each row's
-    # suffix and decode_prefix_splits each group's prefix. None: plain decode attention.
+    # Decode rows sharing prefix blocks (EngineConfig.shared_prefix_decode; used on CUDA, the
+    # CPU references ignore it): their prefix is read once per group, then decode_num_splits
+    # covers each row's suffix and decode_prefix_splits each group's prefix. None: plain.
     decode_prefix_groups: PrefixGroups | None = None
     decode_prefix_splits: int = 1
 

@@ -78,15 +78,9 @@ class BatchBuilder:
     def prepare(self, out: SchedulerOutput) -> PreparedBatch:
         return self.to_device(self.pack(out))
 
-    def pack(
-        self,
-        out: SchedulerOutput,
-        feed: dict[Request, int] | None = None,
-        group_prefixes: bool = True,
-    ) -> PackedBatch:
+    def pack(self, out: SchedulerOutput, feed: dict[Request, int] | None = None) -> PackedBatch:
         """The step on the host: what tensor-parallel rank 0 sends every other rank. `feed`:
-        the row of each request in the previous step's sampled ids, for PENDING_TOKEN inputs.
-        group_prefixes=False: no shared-prefix groups (a CUDA-graph replay ignores them)."""
+        the row of each request in the previous step's sampled ids, for PENDING_TOKEN inputs."""
         bs = self.block_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -146,7 +140,7 @@ class BatchBuilder:
         decode_order = np.argsort(-header[:nd], kind="stable").astype(np.int32)
         parts = [header, block_tables.ravel(), decode_order]
         groups, splits, prefix_splits = None, None, 1
-        if self.prefix_groups is not None and group_prefixes and nd >= 2:
+        if self.prefix_groups is not None and nd >= 2:
             found = find_prefix_groups(
                 block_tables[:nd], header[:nd], bs, **asdict(self.prefix_groups)
             ).trimmed()

@@ -76,11 +76,11 @@ class EngineConfig:
     # idle between steps 12.5 % -> 1.0 %, +10 % output tok/s at 256 running), off otherwise (a
     # CPU step is synchronous: nothing to overlap). True with either of those is refused.
     overlap_scheduling: bool | None = None
-    # Shared-prefix decode attention (kernels/shared_prefix_decode.py, docs/serving.md): eager
+    # Shared-prefix decode attention (kernels/shared_prefix_decode.py, docs/serving.md): the
     # decode steps read a prompt prefix that >= 2 running rows share (the prefix cache's same
     # blocks, >= shared_prefix_min_tokens keys) once per group of rows, not once per row. Off
-    # until it measures faster (benchmarks/shared_prefix_bench.py); CUDA-graph decode steps
-    # keep the plain kernel.
+    # until it measures faster (benchmarks/shared_prefix_bench.py). Decode graphs are captured
+    # twice (with and without groups).
     shared_prefix_decode: bool = False
     shared_prefix_min_tokens: int = 256
 

@@ -22,6 +22,10 @@
 #   decode_order: [max_bs] int32, a permutation of the padded batch's rows (decode only: the
 #     real rows longest first, then the padding rows in place)
 #   query_start_loc: [max_bs + 1] int32
+#   with shared-prefix decode (prefix_groups given, decode only): group_rows [max_groups,
+#     max_rows] int32 (-1 empty), prefix_lens [max_groups] int32 (0 unused), key_start
+#     [max_bs] int32; every (batch size, split count) is captured a second time with them, the
+#     prefix kernel split GRAPH_PREFIX_SPLITS times, and a step that carries groups replays that
 #   logits: [T, vocab], the graph's output (every real token samples in these steps): in the
 #     model dtype for decode (the lm_head's matmul rounds to it anyway; a float32 copy cost
 #     ~0.1 ms a step at batch 256 on an H200, and the sampler upcasts only for non-greedy
@@ -34,11 +38,17 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.batch_builder import PreparedBatch
+from engine.prefix_groups import PrefixGroupLimits
 
 # (input_ids [T], positions [T], meta) -> hidden [T, hidden_size]
 StepForward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 # (hidden [T, hidden_size], dtype) -> logits [T, vocab] in dtype
 ComputeLogits = Callable[[torch.Tensor, torch.dtype], torch.Tensor]
+
+
+# Splits of each group's prefix in a captured shared-prefix decode step: 8 groups x 8 KV heads x
+# 4 = 256 programs, ~2 per SM on an H200. Untuned (benchmarks/shared_prefix_bench.py).
+GRAPH_PREFIX_SPLITS = 4
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -73,6 +83,7 @@ class StepGraphs:
         max_model_len: int,
         block_size: int,
         query_len: int = 1,
+        prefix_groups: PrefixGroupLimits | None = None,
     ):
         from kernels.paged_decode_attention import split_ladder
 
@@ -112,10 +123,23 @@ class StepGraphs:
         self.mean_lens = (
             [1] if query_len == 1 else sorted({min(2, query_len), min(3, query_len), query_len})
         )
-        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        # Shared-prefix decode: a second graph per (size, splits) that reads the groups.
+        self.shared_prefix = prefix_groups is not None and query_len == 1
+        self.group_variants = [False, True] if self.shared_prefix else [False]
+        if self.shared_prefix:
+            g, r = prefix_groups.max_groups, prefix_groups.max_rows
+            self.group_rows = torch.full((g, r), -1, dtype=torch.int32, device=d)
+            self.prefix_lens = torch.zeros(g, dtype=torch.int32, device=d)
+            self.key_start = torch.zeros(self.max_bs, dtype=torch.int32, device=d)
+        self.graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
 
-    def _meta(self, bs: int, mean_len: int, splits: int) -> AttentionMetadata:
+    def _meta(self, bs: int, mean_len: int, splits: int, grouped: bool) -> AttentionMetadata:
         if self.query_len == 1:
+            groups = None
+            if grouped:
+                from kernels.shared_prefix_decode import PrefixGroups
+
+                groups = PrefixGroups(self.group_rows, self.prefix_lens, self.key_start[:bs])
             return AttentionMetadata(
                 slot_mapping=self.slot_mapping[:bs],
                 block_tables=self.block_tables[:bs],
@@ -128,6 +152,8 @@ class StepGraphs:
                 max_decode_seq_len=self.max_seq_len,
                 decode_num_splits=splits,
                 decode_order=self.decode_order[:bs],
+                decode_prefix_groups=groups,
+                decode_prefix_splits=GRAPH_PREFIX_SPLITS,
             )
         qsl = self.query_start_loc[: bs + 1]
         return AttentionMetadata(
@@ -141,9 +167,9 @@ class StepGraphs:
             prefill_query_start_loc=qsl,
         )
 
-    def _run(self, bs: int, mean_len: int, splits: int) -> None:
+    def _run(self, bs: int, mean_len: int, splits: int, grouped: bool = False) -> None:
         t = bs * mean_len
-        meta = self._meta(bs, mean_len, splits)
+        meta = self._meta(bs, mean_len, splits, grouped)
         hidden = self.forward(self.input_ids[:t], self.positions[:t], meta)
         self.logits[:t] = self.compute_logits(hidden, self.logits_dtype)
 
@@ -156,9 +182,11 @@ class StepGraphs:
         for bs in reversed(self.sizes):
             for mean_len in reversed(self.mean_lens):
                 for splits in reversed(self.split_counts[bs]):
-                    self.graphs[bs, mean_len, splits], pool = capture_graph(
-                        lambda bs=bs, m=mean_len, s=splits: self._run(bs, m, s), self.device, pool
-                    )
+                    for grouped in self.group_variants:
+                        self.graphs[bs, mean_len, splits, grouped], pool = capture_graph(
+                            lambda bs=bs, m=mean_len, s=splits, g=grouped: self._run(bs, m, s, g),
+                            self.device, pool,
+                        )  # fmt: skip
         torch.cuda.synchronize(self.device)
         return pool
 
@@ -186,7 +214,12 @@ class StepGraphs:
         bs = self.padded_size(n)
         mean_len = next(m for m in self.mean_lens if t <= bs * m)
         splits = self.split_counts[bs][0]
-        if self.query_len == 1:
+        groups = meta.decode_prefix_groups if self.shared_prefix else None
+        if groups is not None:  # the batch builder's suffix split count, among those captured
+            wanted = meta.decode_num_splits or 1
+            candidates = self.split_counts[bs]
+            splits = next((c for c in candidates if c >= wanted), candidates[-1])
+        elif self.query_len == 1:
             from kernels.paged_decode_attention import balanced_num_splits
 
             splits = balanced_num_splits(
@@ -209,9 +242,18 @@ class StepGraphs:
             self.slot_mapping[t : bs * mean_len].fill_(-1)
             self.query_start_loc[: n + 1].copy_(meta.query_start_loc)
             self.query_start_loc[n + 1 : bs + 1].fill_(t)
+        if groups is not None:
+            g = groups.rows.shape[0]
+            self.group_rows[:g].copy_(groups.rows)
+            self.group_rows[g:].fill_(-1)
+            self.prefix_lens[:g].copy_(groups.prefix_lens)
+            self.prefix_lens[g:].fill_(0)
+            self.key_start[:n].copy_(groups.key_start)
+            self.key_start[n:bs].fill_(0)
+        grouped = groups is not None
         if self.device.type == "cuda":
-            self.graphs[bs, mean_len, splits].replay()
+            self.graphs[bs, mean_len, splits, grouped].replay()
         else:  # the same static-buffer path, run eagerly (tests the layout on the CPU)
-            self._run(bs, mean_len, splits)
-        self.last_key = (bs, mean_len, splits)
+            self._run(bs, mean_len, splits, grouped)
+        self.last_key = (bs, mean_len, splits, grouped)
         return self.logits[:t]

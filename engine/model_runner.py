@@ -124,9 +124,7 @@ class ModelRunner:
         a request whose last token is PENDING_TOKEN reads it from `feed_ids` (the previous
         step's sampled ids [rows] on the device) at its row `feed_rows[request]`."""
         t0 = time.perf_counter()
-        packed = self.batch_builder.pack(
-            out, feed_rows, group_prefixes=not self._graphs_will_replay(out)
-        )
+        packed = self.batch_builder.pack(out, feed_rows)
         if self.tp.size > 1:
             self.tp.broadcast(packed.for_followers())  # the other ranks start the same step
         batch = self.batch_builder.to_device(packed)
@@ -266,16 +264,6 @@ class ModelRunner:
             return None
         return pw
 
-    def _graphs_will_replay(self, out: SchedulerOutput) -> bool:
-        """Likely a decode-graph replay (which keeps the plain decode kernel): no need to look
-        for shared prefixes. A wrong guess only costs the plain kernel or a wasted grouping."""
-        g = self.graphs
-        return (
-            g is not None
-            and 0 < len(out.requests) == out.num_decodes <= g.max_bs
-            and not any(r.spec_token_ids for r in out.requests)
-        )
-
     def _graphs_for(self, batch) -> StepGraphs | None:
         if batch.has_drafts:
             graphs = self.verify_graphs
@@ -297,6 +285,7 @@ class ModelRunner:
                 num_kv_heads=self.shape.num_kv_heads, device=self.device,
                 max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
                 block_size=self.block_size, query_len=query_len,
+                prefix_groups=self.batch_builder.prefix_groups,
             )  # fmt: skip
 
         pool = None

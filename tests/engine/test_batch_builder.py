@@ -75,11 +75,6 @@ def test_decode_rows_sharing_prefix_blocks_travel_as_groups():
     assert meta.block_tables[1].tolist()[:4] == [7, 50, 51, 300]
     assert meta.seq_lens.tolist() == [18, 15, 14, 21, 5]
 
-    assert builder.prepare(out).meta.decode_prefix_groups is not None
-    plain = builder.to_device(builder.pack(out, group_prefixes=False)).meta
-    assert plain.decode_prefix_groups is None
-    assert plain.decode_order.tolist() == [3, 0, 1, 2]
-
 
 def test_no_groups_without_limits_or_sharing():
     decodes = [_sharing("a", 18, [7, 8, 9], 200), _sharing("b", 18, [10, 11, 12], 300)]

@@ -206,16 +206,18 @@ def test_no_kernel_compiles_after_start_up_warm_up(model_dir, shared_prefix):
     assert llm.engine.stats().kernel_compiles == 0, {k: n for k, n in new.items() if n}
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_shared_prefix_decode_matches_plain_decode(model_dir, kv_cache_dtype, monkeypatch):
-    # Eager decode steps with shared-prefix attention on: the same greedy text as without it,
-    # and the shared kernel really ran (rows reuse a cached system prompt's blocks).
+def test_shared_prefix_decode_matches_plain_decode(model_dir, kv_cache_dtype, graphs, monkeypatch):
+    # Decode steps (eager, or replaying decode graphs) with shared-prefix attention on: the same
+    # greedy text as without it, and the shared kernel really ran (rows reuse a cached system
+    # prompt's blocks; under graphs it runs at capture and in the replays).
     from kernels import shared_prefix_decode as spd
     from tests.engine.test_prefix_groups import shared_prompts
 
     prompts = shared_prompts()
-    opts = dict(device="cuda", dtype="float32", num_kv_blocks=128, use_cuda_graphs=False,
-                kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    opts = dict(device="cuda", dtype="float32", num_kv_blocks=128, use_cuda_graphs=graphs,
+                max_num_seqs=8, kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     plain_llm = LLM(str(model_dir), **opts)
     plain_llm.generate(prompts[:1], GREEDY)
     plain = plain_llm.generate(prompts, GREEDY)
@@ -229,3 +231,6 @@ def test_shared_prefix_decode_matches_plain_decode(model_dir, kv_cache_dtype, mo
     for a, b in zip(plain, llm.generate(prompts, GREEDY)):
         assert a.token_ids == b.token_ids
     assert calls
+    if graphs:
+        assert llm.engine.runner.graphs.shared_prefix
+        assert any(key[3] for key in llm.engine.runner.graphs.graphs)
