@@ -128,6 +128,7 @@ async def _stream(
             text = event.get("text", "")
             usage.update(event)
             if kind == "delta":
+                text = fmt.feed(text)
                 if text:
                     yield template.event(text) if template else sse(content(text))
                     # Sent, unless the connection closed meanwhile (then the send did nothing).
@@ -144,9 +145,9 @@ async def _stream(
                 yield sse(event_error(event).body())
                 break
             ended = True
-            # finish_reason rides on the last content chunk
-            last = fmt.chunk(text, event["finish_reason"])
-            yield sse(last | usage.field())
+            # finish_reason rides on the last chunk (after any tool calls held back)
+            for last in fmt.closing_chunks(text, event["finish_reason"]):
+                yield sse(last | usage.field())
             if usage.include_usage:
                 yield sse(fmt.usage_chunk(usage.final()))
         yield sse("[DONE]")

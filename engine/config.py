@@ -72,8 +72,12 @@ class EngineConfig:
     # idle between steps 12.5 % -> 1.0 %, +10 % output tok/s at 256 running), off otherwise (a
     # CPU step is synchronous: nothing to overlap). True with either of those is refused.
     overlap_scheduling: bool | None = None
+    # Constrained decoding: compiled grammars kept, by spec (engine/grammar.py).
+    grammar_cache_size: int = 256
 
     def __post_init__(self) -> None:
+        if self.grammar_cache_size < 1:
+            raise ValueError("grammar_cache_size must be positive")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

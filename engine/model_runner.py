@@ -18,6 +18,7 @@ from engine.attention import AttentionMetadata, prefill_tail
 from engine.batch_builder import BatchBuilder, PreparedBatch
 from engine.config import EngineConfig
 from engine.cuda_graphs import StepGraphs
+from engine.grammar_mask import GrammarMasks
 from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget, profile_lengths
 from engine.models.config import ModelConfig
 from engine.models.loader import build_model
@@ -93,6 +94,8 @@ class ModelRunner:
         self.step_events: list | None = None
         self._step_start = None  # the open step's start event (begin_step), when collecting
         self.warmup_report: dict | None = None  # kernel_warmup.warm_up_mixed_steps, once run
+        # Made by the engine when its first constrained request is admitted.
+        self.grammar_masks: GrammarMasks | None = None
 
     # -- the step ------------------------------------------------------------------------
 
@@ -142,6 +145,10 @@ class ModelRunner:
             for r in out.requests[: meta.num_decodes]:
                 if r.draft_lag is None or r.num_computed_tokens < r.draft_lag:
                     r.draft_lag = r.num_computed_tokens
+        # The forward pass is queued: the host fills the grammar masks while the device runs it.
+        masks = self._grammar_masks(batch.sampling_requests)
+        if masks is not None:
+            self.grammar_masks.apply(logits, masks)
         t2 = time.perf_counter()
         if batch.has_drafts:
             vocab = self.model_config.vocab_size
@@ -159,6 +166,14 @@ class ModelRunner:
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return result
+
+    def _grammar_masks(self, requests: list[Request]):
+        """The bitmask rows of the step's constrained requests (GrammarMasks.fill), or None.
+        `requests`: 1 + len(drafts) rows each; a constrained request never drafts."""
+        if not any(r.grammar is not None for r in requests):
+            return None
+        rows = [r for r in requests for _ in range(1 + len(r.spec_token_ids))]
+        return self.grammar_masks.fill(rows)
 
     def _logits(self, batch: PreparedBatch) -> torch.Tensor:
         """The step's forward: logits [num_sampling_rows, vocab] (on every rank)."""

@@ -54,6 +54,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "generator",
+        "grammar",
         "max_tokens",
         "ngram_index",
         "num_cached_tokens",
@@ -114,6 +115,8 @@ class Request:
         self.error: str | None = None
         self.generator: Any = None  # torch.Generator for seeded sampling, made by the runner
         self.detokenizer: Any = None
+        # Constrained decoding: engine.grammar_mask.GrammarState once its grammar is compiled.
+        self.grammar: Any = None
         # Speculative decoding. Drafts are scheduled and scored but never part of token_ids:
         # only verified tokens are appended, so block hashes never cover a rejected token.
         self.spec_slots = 0  # draft slots wanted (set by the policy) / granted (by the scheduler)

@@ -5,6 +5,24 @@ from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
 
+# What a constrained request's output must match (engine/grammar.py compiles it):
+#   "json_schema": spec is a JSON schema (its JSON text); "json_object": any JSON object (spec "");
+#   "regex": a regular expression; "choice": one of the strings of a JSON list;
+#   "grammar": a Lark grammar (llguidance's dialect; GBNF is converted).
+STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(slots=True, frozen=True)
+class StructuredOutput:
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind must be one of {STRUCTURED_KINDS}")
+        if self.kind != "json_object" and not self.spec:
+            raise ValueError(f"a {self.kind} structured output needs a non-empty spec")
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -23,8 +41,15 @@ class SamplingParams:
     # Speculative decoding for this request: None → the engine's default (on when the engine has
     # a proposer), False → never, True → whenever the engine has a proposer.
     speculative: bool | None = None
+    # Constrained decoding: every sampled token keeps the output a prefix of this grammar's
+    # language. A dict (the queue message's form) is converted. Such a request never drafts.
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_output, dict):
+            self.structured_output = StructuredOutput(**self.structured_output)
+        if self.structured_output is not None:
+            self.speculative = False  # drafts are not checked against the grammar
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)

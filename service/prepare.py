@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 
+from engine.grammar import GrammarCompiler
+from engine.sampling_params import StructuredOutput
 from metering.keys import Principal
 from service.context import AdmissionContext
 from service.errors import APIError, invalid_param
@@ -12,6 +15,7 @@ from service.queued_request import Endpoint, QueuedRequest
 from service.schemas.chat import ChatCompletionRequest
 from service.schemas.completions import CompletionRequest
 from service.schemas.sampling import SamplingRequest
+from service.schemas.tools import ToolCallParser, ToolMode, parser_for_template
 
 
 def check_model(state: AdmissionContext, model: str) -> None:
@@ -58,6 +62,36 @@ def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: i
         )
 
 
+@lru_cache(maxsize=4)
+def _grammar_compiler(tokenizer: object) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, tokenizer.vocab_size, tuple(tokenizer.eos_token_ids))
+
+
+def check_structured_output(state: AdmissionContext, body: SamplingRequest) -> None:
+    """Compile the request's grammar once here (cached per spec), so a schema, regex or
+    grammar that llguidance cannot take is a 400 naming its field, not a failed request."""
+    asked = body.structured_output()
+    if asked is None:
+        return
+    param, spec = asked
+    try:
+        _grammar_compiler(state.tokenizer).check(StructuredOutput(**spec))
+    except ValueError as exc:
+        raise invalid_param(param, f"{param}: {exc}") from None
+
+
+def tool_call_parser(state: AdmissionContext) -> ToolCallParser:
+    """The model's tool-call format: the setting, or (auto) what its chat template teaches."""
+    chosen = state.settings.tool_call_parser
+    if chosen != "auto":
+        return chosen
+    return parser_for_template(getattr(state.tokenizer, "chat_template", None))
+
+
+def chat_tool_mode(state: AdmissionContext, body: ChatCompletionRequest) -> ToolMode | None:
+    return body.tool_mode(tool_call_parser(state))
+
+
 def build_request(
     request_id: str,
     body: SamplingRequest,
@@ -82,14 +116,19 @@ def prepare_chat(
     state: AdmissionContext, body: ChatCompletionRequest, principal: Principal, request_id: str
 ) -> QueuedRequest:
     check_model(state, body.model)
+    chat_tool_mode(state, body)  # a tool_choice that names no tool is a 400 before templating
     try:
         prompt = state.tokenizer.apply_chat_template(
-            body.template_messages(), add_generation_prompt=True, tokenize=True
+            body.template_messages(),
+            add_generation_prompt=True,
+            tokenize=True,
+            tools=body.template_tools(),
         )
     except Exception as exc:  # template errors are the request's fault (bad roles, order, ...)
         raise invalid_param("messages", f"could not apply the chat template: {exc}") from exc
     check_context(state, len(prompt), body.effective_max_tokens(), "messages")
     check_sampling(state, body, len(prompt))
+    check_structured_output(state, body)
     return build_request(request_id, body, principal, "chat.completions", prompt)
 
 
@@ -108,4 +147,5 @@ def prepare_completion(
         raise invalid_param("prompt", "the prompt is empty")
     check_context(state, len(prompt), body.max_tokens, "prompt")
     check_sampling(state, body, len(prompt))
+    check_structured_output(state, body)
     return build_request(request_id, body, principal, "completions", prompt)

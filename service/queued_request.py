@@ -26,6 +26,8 @@ class Sampling:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # engine.sampling_params.StructuredOutput's fields ({"kind", "spec"}), or None
+    structured_output: dict[str, str] | None = None
 
 
 @dataclass(slots=True)

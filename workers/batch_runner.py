@@ -30,9 +30,10 @@ from service import streams as p
 from service.errors import event_error
 from service.events import FINAL_EVENTS, Event, decode_event
 from service.output_stream import follow
+from service.prepare import chat_tool_mode
 from service.queued_request import QueuedRequest
 from service.redis_clients import async_redis, sync_redis
-from service.schemas.chat import ChatFormatter
+from service.schemas.chat import ChatCompletionRequest, ChatFormatter
 from service.schemas.completions import CompletionFormatter
 from service.schemas.models import ModelCard
 from service.schemas.sampling import Usage
@@ -225,7 +226,9 @@ class Runner:
         text = "".join(e.get("text", "") for e in events)
         model = row.body.get("model", self.model_card.id)
         if batch.endpoint == "/v1/chat/completions":
-            fmt = ChatFormatter(row.request_id, model, "flex")
+            body = ChatCompletionRequest.model_validate(row.body)  # admitted: it is valid
+            context = ba.BatchAdmissionContext(self.settings, None, self.tokenizer, self.model_card)
+            fmt = ChatFormatter(row.request_id, model, "flex", chat_tool_mode(context, body))
         else:
             fmt = CompletionFormatter(row.request_id, model)
         body = fmt.response(text, final["finish_reason"], Usage.from_counts(usage))

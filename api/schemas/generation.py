@@ -9,13 +9,38 @@ from pydantic import BaseModel
 
 from service.schemas.sampling import Usage
 
-FinishReason = Literal["stop", "length"] | None  # service/events.py DoneEvent
+# service/events.py DoneEvent; "tool_calls" when the answer is tool calls (service/schemas/tools.py)
+FinishReason = Literal["stop", "length", "tool_calls"] | None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # null when the answer is only tool calls
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
 
 
 class ChatChoice(BaseModel):
@@ -39,6 +64,7 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

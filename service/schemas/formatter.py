@@ -17,6 +17,14 @@ class Formatter:
     def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
+    def feed(self, text: str) -> str:
+        """A streamed delta's text → what to send now (a formatter may hold text back)."""
+        return text
+
+    def closing_chunks(self, text: str, finish_reason: str) -> list[dict[str, Any]]:
+        """The chunks that end a stream: its last text, with the finish reason."""
+        return [self.chunk(self.feed(text), finish_reason)]
+
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         raise NotImplementedError
 

@@ -21,6 +21,7 @@ from service.schemas.fields import (
     PositiveInt,
 )
 from service.schemas.noop_fields import NoOpFields
+from service.schemas.structured import StructuredFields
 
 MAX_STOP = 4  # OpenAI's limit; each string's length is the max_stop_chars setting
 
@@ -42,7 +43,7 @@ class StreamOptions(BaseModel):
         return v
 
 
-class SamplingRequest(NoOpFields):
+class SamplingRequest(StructuredFields, NoOpFields):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
@@ -122,6 +123,7 @@ class SamplingRequest(NoOpFields):
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_output=structured[1] if (structured := self.structured_output()) else None,
         )
 
 
