@@ -129,8 +129,12 @@ async def _stream(
             usage.update(event)
             if kind == "delta":
                 text = fmt.feed(text)
-                if text:
-                    yield template.event(text) if template else sse(content(text))
+                logprobs = event.get("logprobs")
+                if text or logprobs:
+                    if logprobs:  # rare: the plain encoder, with the tokens' logprobs
+                        yield sse(fmt.chunk(text, None, logprobs) | usage.field())
+                    else:
+                        yield template.event(text) if template else sse(content(text))
                     # Sent, unless the connection closed meanwhile (then the send did nothing).
                     # One turn of the event loop lets a hang-up on the wire reach `peer`.
                     await asyncio.sleep(0)
@@ -146,7 +150,7 @@ async def _stream(
                 break
             ended = True
             # finish_reason rides on the last chunk (after any tool calls held back)
-            for last in fmt.closing_chunks(text, event["finish_reason"]):
+            for last in fmt.closing_chunks(text, event["finish_reason"], event.get("logprobs")):
                 yield sse(last | usage.field())
             if usage.include_usage:
                 yield sse(fmt.usage_chunk(usage.final()))
@@ -171,12 +175,15 @@ async def _collect(
     headers: dict[str, str],
     drain: Drain,
 ) -> Response:
+    logprobs: list[dict] = []
+
     async def consume() -> tuple[str, dict[str, Any]]:
         parts: list[str] = []
         async for event in relay_events(
             state.redis, state.settings, request_id, drain.deadline_passed, state.mux
         ):
             parts.append(event.get("text", ""))
+            logprobs.extend(event.get("logprobs", ()))
             if event["type"] == "error" and event.get("worker") is None:
                 await _cancel(state, request_id, 0)  # the relay gave up: the worker must too
             if event["type"] in FINAL_EVENTS:
@@ -202,7 +209,8 @@ async def _collect(
             headers = headers | {"retry-after": str(state.settings.unavailable_retry_after_s)}
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
     usage = Usage.from_counts(event["usage"])
-    return JSONResponse(fmt.response(text, event["finish_reason"], usage), headers=headers)
+    body = fmt.response(text, event["finish_reason"], usage, logprobs or None)
+    return JSONResponse(body, headers=headers)
 
 
 # -- when Redis does not answer ---------------------------------------------------------------

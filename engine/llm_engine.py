@@ -182,6 +182,8 @@ class LLMEngine:
         it had produced; they are recomputed like a preempted request's (prefix-cached where
         possible), count as output (max_tokens, min_tokens, usage) and are not emitted again."""
         self._check_no_step_in_flight()
+        if params is not None and params.prompt_logprobs is not None and self.tp.size > 1:
+            raise ValueError("prompt_logprobs is not supported with tensor parallelism")
         request = new_request(
             request_id, prompt_token_ids, params or SamplingParams(), Priority.parse(priority),
             arrival_time, cache_salt, output_token_ids, vocab_size=self.model_config.vocab_size,
@@ -336,6 +338,9 @@ class LLMEngine:
                 deltas.append(new_tokens_delta(self.scheduler, request, start))
         for request in out.failed:
             deltas.append(request_delta(request, [], flush_text(request)))
+        for delta in deltas:
+            for lp in (delta.logprobs or []) + (delta.prompt_logprobs or []):
+                lp.decode(self.tokenizer)
         step.finish_s = time.perf_counter() - t_wait
         self._observe_step_time(step)
         if self.step_trace is not None and not out.is_empty:

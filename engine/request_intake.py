@@ -42,7 +42,12 @@ def new_request(
         )
     if len(output) >= max_tokens:
         raise ValueError(f"{len(output)} output tokens to resume from, max_tokens {max_tokens}")
+    if params.prompt_logprobs is not None:
+        # No prefix-cache hits (a salt no other request has): every position must be computed.
+        cache_salt = ("prompt_logprobs", request_id, cache_salt)
     request = Request(request_id, prompt, params, priority, max_tokens, arrival_time, cache_salt)
+    if params.prompt_logprobs is not None:
+        request.prompt_logprobs = []
     if params.detokenize:
         detok = IncrementalDetokenizer(
             tokenizer,

@@ -77,6 +77,9 @@ class HostCopy:
     # The tensor being copied, still on its device: overlapped scheduling feeds the next step's
     # input ids from it before the copy is waited for (engine/overlap.py).
     device_values: torch.Tensor | None = None
+    # engine.logprobs.StepLogprobs when some row asked for logprobs (collect() records them).
+    logprobs: object = None
+    prompt_logprobs: object = None  # engine.logprobs.PromptLogprobs, likewise
 
     @classmethod
     def start(cls, t: torch.Tensor) -> HostCopy:

@@ -44,12 +44,25 @@ class SamplingParams:
     # Constrained decoding: every sampled token keeps the output a prefix of this grammar's
     # language. A dict (the queue message's form) is converted. Such a request never drafts.
     structured_output: StructuredOutput | None = None
+    # Log-probabilities of each sampled token and of the `logprobs` most likely (0-20) ones;
+    # None: none. Such a request never drafts (verification reports no logprobs).
+    logprobs: int | None = None
+    # Log-probabilities of the prompt's tokens (each given the ones before it) and the top
+    # `prompt_logprobs` (0-20) at each position; None: none. Such a request skips the prefix
+    # cache: every prompt position must be computed.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.structured_output, dict):
             self.structured_output = StructuredOutput(**self.structured_output)
         if self.structured_output is not None:
             self.speculative = False  # drafts are not checked against the grammar
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                if not 0 <= value <= 20:
+                    raise ValueError(f"{name} must be in [0, 20], got {value}")
+                self.speculative = False
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)

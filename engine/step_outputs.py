@@ -40,6 +40,12 @@ def new_tokens_delta(scheduler: Scheduler, request: Request, start: int) -> Requ
 
 
 def request_delta(request: Request, new_ids: list[int], text: str) -> RequestDelta:
+    logprobs = None
+    if request.step_logprobs is not None and new_ids:  # one token per step: they never draft
+        logprobs, request.step_logprobs = [request.step_logprobs], None
+    prompt_logprobs = None
+    if request.prompt_logprobs is not None and not request.prompt_logprobs_sent and new_ids:
+        prompt_logprobs, request.prompt_logprobs_sent = request.prompt_logprobs, True
     return RequestDelta(
         request_id=request.request_id,
         new_token_ids=new_ids,
@@ -58,5 +64,7 @@ def request_delta(request: Request, new_ids: list[int], text: str) -> RequestDel
         arrival_time=request.arrival_time,
         first_scheduled_time=request.first_scheduled_time,
         first_token_time=request.first_token_time,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         finish_time=request.finish_time,
     )

@@ -28,6 +28,7 @@ class Sampling:
     include_stop_str_in_output: bool = False
     # engine.sampling_params.StructuredOutput's fields ({"kind", "spec"}), or None
     structured_output: dict[str, str] | None = None
+    logprobs: int | None = None  # top logprobs per sampled token (0: the token's own); None: off
 
 
 @dataclass(slots=True)

@@ -231,7 +231,8 @@ class Runner:
             fmt = ChatFormatter(row.request_id, model, "flex", chat_tool_mode(context, body))
         else:
             fmt = CompletionFormatter(row.request_id, model)
-        body = fmt.response(text, final["finish_reason"], Usage.from_counts(usage))
+        logprobs = [lp for e in events for lp in e.get("logprobs", ())] or None
+        body = fmt.response(text, final["finish_reason"], Usage.from_counts(usage), logprobs)
         row.state, row.status_code, row.response = "done", 200, body
 
     def _drop_queued(self, session: Session, batch: Batch) -> None:

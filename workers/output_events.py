@@ -11,6 +11,7 @@
 # run (a resumed run's cache hits are the fleet's business, not the tenant's).
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from json.encoder import encode_basestring_ascii as json_string
 
@@ -19,6 +20,23 @@ from service.events import DeltaEvent, DoneEvent, ErrorEvent, error_event
 from service.output_stream import OutputFollower
 from service.streams import delivered_of
 from workers.inflight import Inflight
+
+
+def logprob_entries(delta: RequestDelta) -> list[dict]:
+    """The delta's tokens' logprobs in OpenAI's chat shape (the API reshapes them for
+    completions): token text, logprob, UTF-8 bytes, top_logprobs."""
+    return [
+        {
+            "token": lp.token,
+            "logprob": lp.logprob,
+            "bytes": list(lp.token.encode()),
+            "top_logprobs": [
+                {"token": text, "logprob": v, "bytes": list(text.encode())}
+                for text, (_, v) in zip(lp.top_tokens or (), lp.top)
+            ],
+        }
+        for lp in delta.logprobs
+    ]
 
 
 def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
@@ -31,6 +49,8 @@ def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
     }
     if not f.published:  # the first: what a worker resuming it bills as cached
         event["cached_tokens"] = delta.usage.cached_tokens
+    if delta.logprobs:
+        event["logprobs"] = logprob_entries(delta)
     return event
 
 
@@ -38,6 +58,8 @@ def delta_event_json(worker_id: str, f: Inflight, delta: RequestDelta) -> str:
     """delta_event's JSON as service.events.encode_event writes it, formatted directly: one per
     running request per step, and json.dumps of the dict was most of the worker's round-trip
     build time (benchmarks/exchange_cost.py). Strings go through json's own escaping."""
+    if delta.logprobs:  # rare: the plain encoder
+        return json.dumps(delta_event(worker_id, f, delta), separators=(",", ":"))
     tokens = ",".join(map(str, delta.new_token_ids))
     head = (
         f'{{"type":"delta","text":{json_string(delta.new_text)},"worker":{json_string(worker_id)}'
@@ -54,13 +76,16 @@ def final_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DoneEvent |
     n = delta.usage.completion_tokens
     reason = delta.finish_reason
     if reason in ("stop", "length"):
-        return {
+        done: DoneEvent = {
             "type": "done",
             "text": delta.new_text,
             "worker": worker_id,
             "finish_reason": reason,
             "usage": f.usage(n, engine_usage),
         }
+        if delta.logprobs:
+            done["logprobs"] = logprob_entries(delta)
+        return done
     if reason == "abort":
         event = error_event("request cancelled", "cancelled")
         if f.cancel_delivered is not None:  # what the client got before it left

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import invalid_param
-from service.schemas.fields import PositiveInt
+from service.schemas.fields import AsInteger, PositiveInt
 from service.schemas.formatter import Formatter, created_now
 from service.schemas.noop_fields import ChatNoOpFields
-from service.schemas.sampling import SamplingRequest, Usage
+from service.schemas.sampling import MAX_LOGPROBS, SamplingRequest, Usage
 from service.schemas.tools import (
     Tool,
     ToolCallParser,
@@ -48,6 +48,15 @@ class ChatCompletionRequest(SamplingRequest, ChatNoOpFields):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # none: "auto" with tools, else "none"
     parallel_tool_calls: bool | None = None  # false: `required` makes exactly one call
+    logprobs: bool | None = None  # type: ignore[assignment]  # chat: on/off, with top_logprobs
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), AsInteger] | None = None
+
+    def requested_logprobs(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise invalid_param("top_logprobs", "top_logprobs needs logprobs: true")
+            return None
+        return self.top_logprobs or 0
 
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -128,12 +137,21 @@ class ChatFormatter(Formatter):
         self._held = ""
         self._holding = tool_mode is not None
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def _chunk(
+        self, delta: dict[str, Any], finish_reason: str | None, logprobs: list | None = None
+    ) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+            "finish_reason": finish_reason,
+        }
         return self.base | {"choices": [choice]}
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return self._chunk({"content": text}, finish_reason)
+    def chunk(
+        self, text: str, finish_reason: str | None, logprobs: list[dict] | None = None
+    ) -> dict[str, Any]:
+        return self._chunk({"content": text}, finish_reason, logprobs)
 
     def feed(self, text: str) -> str:
         if not self._holding:
@@ -145,10 +163,12 @@ class ChatFormatter(Formatter):
         held, self._held = self._held, ""
         return held
 
-    def closing_chunks(self, text: str, finish_reason: str) -> list[dict[str, Any]]:
+    def closing_chunks(
+        self, text: str, finish_reason: str, logprobs: list[dict] | None = None
+    ) -> list[dict[str, Any]]:
         text = self.feed(text)
         if not self._holding:
-            return [self.chunk(text, finish_reason)]
+            return [self.chunk(text, finish_reason, logprobs)]
         content, calls = read_calls(self.tool_mode, self._held)
         if not calls:
             return [self.chunk(content or "", finish_reason)]
@@ -165,7 +185,9 @@ class ChatFormatter(Formatter):
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.base | {"choices": [], "usage": usage.model_dump()}
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    def response(
+        self, text: str, finish_reason: str, usage: Usage, logprobs: list[dict] | None = None
+    ) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if self.tool_mode is not None:
             content, calls = read_calls(self.tool_mode, text)
@@ -177,7 +199,12 @@ class ChatFormatter(Formatter):
                     for c in calls
                 ]  # fmt: skip
                 finish_reason = _calls_finish(finish_reason)
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+            "finish_reason": finish_reason,
+        }
         return self.base | {
             "object": "chat.completion",
             "choices": [choice],

@@ -43,13 +43,38 @@ class CompletionFormatter(Formatter):
             "model": model,
             "system_fingerprint": None,
         }
+        self.text_offset = 0  # characters sent so far: the legacy logprobs' text_offset
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def chunk(
+        self, text: str, finish_reason: str | None, logprobs: list[dict] | None = None
+    ) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None if logprobs is None else self._legacy(logprobs),
+            "finish_reason": finish_reason,
+        }
         return self.base | {"choices": [choice]}
+
+    def _legacy(self, entries: list[dict]) -> dict[str, Any]:
+        """The completions endpoint's logprobs shape, from the chat-shaped entries."""
+        offsets = []
+        for e in entries:
+            offsets.append(self.text_offset)
+            self.text_offset += len(e["token"])
+        return {
+            "tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [
+                {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries
+            ],
+            "text_offset": offsets,
+        }
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.base | {"choices": [], "usage": usage.model_dump()}
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        return self.chunk(text, finish_reason) | {"usage": usage.model_dump()}
+    def response(
+        self, text: str, finish_reason: str, usage: Usage, logprobs: list[dict] | None = None
+    ) -> dict[str, Any]:
+        return self.chunk(text, finish_reason, logprobs) | {"usage": usage.model_dump()}

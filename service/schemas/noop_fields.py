@@ -17,7 +17,6 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     # OpenAI, both endpoints
     "logit_bias": (None, {}),
     # OpenAI, chat
-    "top_logprobs": (None, 0),
     "functions": (None, []),
     "function_call": (None, "none"),
     "modalities": (None, ["text"]),
@@ -78,7 +77,6 @@ class NoOpFields(BaseModel):
 
 
 class ChatNoOpFields(NoOpFields):
-    top_logprobs: Any = None
     functions: Any = None
     function_call: Any = None
     modalities: Any = None
@@ -99,7 +97,6 @@ class ChatNoOpFields(NoOpFields):
     safety_identifier: str | None = None
 
     _chat_no_op = field_validator(
-        "top_logprobs",
         "functions",
         "function_call",
         "modalities",

@@ -4,7 +4,7 @@
 # Types are strict where OpenAI's API is: "8" or true is not a max_tokens, "yes" not a stream.
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -23,7 +23,10 @@ from service.schemas.fields import (
 from service.schemas.noop_fields import NoOpFields
 from service.schemas.structured import StructuredFields
 
-MAX_STOP = 4  # OpenAI's limit; each string's length is the max_stop_chars setting
+MAX_STOP = 4
+MAX_LOGPROBS = (
+    20  # engine/logprobs.py  # OpenAI's limit; each string's length is the max_stop_chars setting
+)
 
 Stop = NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)]
 
@@ -60,7 +63,9 @@ class SamplingRequest(StructuredFields, NoOpFields):
     service_tier: str | None = None  # "flex" → the batch priority; anything else → interactive
     presence_penalty: float | None = Field(None, ge=0, le=0, description="Only 0 is supported.")
     frequency_penalty: float | None = Field(None, ge=0, le=0, description="Only 0 is supported.")
-    logprobs: Literal[False, 0] | None = Field(None, description="Not supported.")
+    # Completions: how many top logprobs per token (0: the sampled token's alone); chat
+    # overrides it with a bool and `top_logprobs`.
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), AsInteger] | None = None
     # vLLM's extras
     top_k: Annotated[int, Field(ge=-1), AsInteger] | None = Field(
         None, description="-1 or 0: disabled."
@@ -106,6 +111,9 @@ class SamplingRequest(StructuredFields, NoOpFields):
     def effective_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
+
     def sampling(self) -> Sampling:
         """The engine's sampling fields, as sent to the worker."""
         max_tokens = self.effective_max_tokens()
@@ -124,6 +132,7 @@ class SamplingRequest(StructuredFields, NoOpFields):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_output=structured[1] if (structured := self.structured_output()) else None,
+            logprobs=self.requested_logprobs(),
         )
 
 

@@ -86,7 +86,6 @@ def test_an_unknown_stream_option_is_a_400(app_client, tenant):
     "field",
     [
         {"logit_bias": {"42": 5}},
-        {"top_logprobs": 2},
         {"store": True},
         {"reasoning_effort": "low"},
         {"min_p": 0.1},
