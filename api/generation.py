@@ -129,7 +129,7 @@ async def _stream(
             usage.update(event)
             if kind == "delta":
                 text = fmt.feed(text)
-                logprobs = event.get("logprobs")
+                logprobs = fmt.event_logprobs(event)
                 if text or logprobs:
                     if logprobs:  # rare: the plain encoder, with the tokens' logprobs
                         yield sse(fmt.chunk(text, None, logprobs) | usage.field())
@@ -150,7 +150,8 @@ async def _stream(
                 break
             ended = True
             # finish_reason rides on the last chunk (after any tool calls held back)
-            for last in fmt.closing_chunks(text, event["finish_reason"], event.get("logprobs")):
+            logprobs = fmt.event_logprobs(event)
+            for last in fmt.closing_chunks(text, event["finish_reason"], logprobs):
                 yield sse(last | usage.field())
             if usage.include_usage:
                 yield sse(fmt.usage_chunk(usage.final()))
@@ -183,7 +184,8 @@ async def _collect(
             state.redis, state.settings, request_id, drain.deadline_passed, state.mux
         ):
             parts.append(event.get("text", ""))
-            logprobs.extend(event.get("logprobs", ()))
+            if event["type"] != "error":
+                logprobs.extend(fmt.event_logprobs(event) or ())
             if event["type"] == "error" and event.get("worker") is None:
                 await _cancel(state, request_id, 0)  # the relay gave up: the worker must too
             if event["type"] in FINAL_EVENTS:

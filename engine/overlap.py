@@ -85,8 +85,8 @@ class OverlapSteps:
         need = 0  # blocks for every running request's pending tokens (a decode: 0 or 1)
         for r in scheduler.running:
             need += -(-r.num_tokens // bs) - len(r.block_ids)
-            if r.grammar is not None:
-                # Its next mask depends on the token still on the device (engine/grammar_mask.py).
+            if r.grammar is not None or r.params.uses_history:
+                # Its next mask (or penalty) depends on the token still on the device.
                 return True
         if need > free:
             return True

@@ -107,15 +107,15 @@ class Speculator:
         drafts this step (the step then runs exactly as without speculation)."""
         self.num_plans += 1
         decoding = []
-        reports_logprobs = False
+        plain_only = False
         for r in running:
             r.spec_slots = 0
             r.spec_token_ids = []
             r.spec_draft_probs = None
             if r.num_tokens - r.num_computed_tokens == 1:
                 decoding.append(r)
-            reports_logprobs |= r.params.logprobs is not None
-        if reports_logprobs:  # verification reports no logprobs: a plain step for everyone
+            plain_only |= r.params.needs_plain_step
+        if plain_only:  # verification cannot sample its row: a plain step for everyone
             return False
         if len(decoding) > self.max_batch_size:
             self.num_steps_gated += 1

@@ -24,6 +24,8 @@ class DeltaEvent(TypedDict):
     # When the request asked: per token {"token", "logprob", "bytes", "top_logprobs"} (OpenAI's
     # chat shape, workers/output_events.py)
     logprobs: NotRequired[list[dict]]
+    # With the first event of a request that asked: per prompt token after the first, likewise
+    prompt_logprobs: NotRequired[list[dict]]
 
 
 class ResumeEvent(TypedDict):
@@ -41,6 +43,7 @@ class DoneEvent(TypedDict):
     finish_reason: Literal["stop", "length"]
     usage: UsageCounts
     logprobs: NotRequired[list[dict]]  # the last tokens' (as DeltaEvent's)
+    prompt_logprobs: NotRequired[list[dict]]  # when no delta came before (max_tokens 0)
 
 
 class ErrorEvent(TypedDict):

@@ -13,7 +13,7 @@ from service.context import AdmissionContext
 from service.errors import APIError, invalid_param
 from service.queued_request import Endpoint, QueuedRequest
 from service.schemas.chat import ChatCompletionRequest
-from service.schemas.completions import CompletionRequest
+from service.schemas.completions import CompletionRequest, Echo
 from service.schemas.sampling import SamplingRequest
 from service.schemas.tools import ToolCallParser, ToolMode, parser_for_template
 
@@ -51,6 +51,9 @@ def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: i
     vocab = state.tokenizer.vocab_size
     if any(t >= vocab for t in body.stop_token_ids or ()):
         raise invalid_param("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
+    bias = body.bias_by_id()
+    if bias and any(not 0 <= t < vocab for t in bias):
+        raise invalid_param("logit_bias", f"logit_bias token ids must be in [0, {vocab})")
     # min_tokens is bounded by max_tokens (SamplingRequest.sampling) or, without it, by the room
     # the context leaves after the prompt.
     room = state.model_card.max_model_len - num_prompt
@@ -90,6 +93,27 @@ def tool_call_parser(state: AdmissionContext) -> ToolCallParser:
 
 def chat_tool_mode(state: AdmissionContext, body: ChatCompletionRequest) -> ToolMode | None:
     return body.tool_mode(tool_call_parser(state))
+
+
+def prompt_ids(state: AdmissionContext, body: CompletionRequest) -> list[int]:
+    if isinstance(body.prompt, str):
+        return state.tokenizer.encode(body.prompt)
+    prompt = list(body.prompt)
+    vocab = state.tokenizer.vocab_size
+    if any(not 0 <= t < vocab for t in prompt):
+        raise invalid_param("prompt", f"prompt token ids must be in [0, {vocab})")
+    return prompt
+
+
+def completion_echo(
+    state: AdmissionContext, body: CompletionRequest, prompt_token_ids: list[int]
+) -> Echo | None:
+    """What an echoing completion puts first (the prompt as sent, or its ids decoded)."""
+    if not body.echo:
+        return None
+    decode = state.tokenizer.decode
+    text = body.prompt if isinstance(body.prompt, str) else decode(prompt_token_ids)
+    return Echo(text, decode(prompt_token_ids[:1], skip_special_tokens=False))
 
 
 def build_request(
@@ -136,13 +160,7 @@ def prepare_completion(
     state: AdmissionContext, body: CompletionRequest, principal: Principal, request_id: str
 ) -> QueuedRequest:
     check_model(state, body.model)
-    if isinstance(body.prompt, str):
-        prompt = state.tokenizer.encode(body.prompt)
-    else:
-        prompt = list(body.prompt)
-        vocab = state.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise invalid_param("prompt", f"prompt token ids must be in [0, {vocab})")
+    prompt = prompt_ids(state, body)
     if not prompt:
         raise invalid_param("prompt", "the prompt is empty")
     check_context(state, len(prompt), body.max_tokens, "prompt")

@@ -22,9 +22,9 @@ from service.streams import delivered_of
 from workers.inflight import Inflight
 
 
-def logprob_entries(delta: RequestDelta) -> list[dict]:
-    """The delta's tokens' logprobs in OpenAI's chat shape (the API reshapes them for
-    completions): token text, logprob, UTF-8 bytes, top_logprobs."""
+def logprob_entries(logprobs: list) -> list[dict]:
+    """Tokens' logprobs (engine.logprobs.TokenLogprob) in OpenAI's chat shape (the API reshapes
+    them for completions): token text, logprob, UTF-8 bytes, top_logprobs."""
     return [
         {
             "token": lp.token,
@@ -35,7 +35,7 @@ def logprob_entries(delta: RequestDelta) -> list[dict]:
                 for text, (_, v) in zip(lp.top_tokens or (), lp.top)
             ],
         }
-        for lp in delta.logprobs
+        for lp in logprobs
     ]
 
 
@@ -50,7 +50,9 @@ def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
     if not f.published:  # the first: what a worker resuming it bills as cached
         event["cached_tokens"] = delta.usage.cached_tokens
     if delta.logprobs:
-        event["logprobs"] = logprob_entries(delta)
+        event["logprobs"] = logprob_entries(delta.logprobs)
+    if delta.prompt_logprobs is not None:
+        event["prompt_logprobs"] = logprob_entries(delta.prompt_logprobs)
     return event
 
 
@@ -58,7 +60,7 @@ def delta_event_json(worker_id: str, f: Inflight, delta: RequestDelta) -> str:
     """delta_event's JSON as service.events.encode_event writes it, formatted directly: one per
     running request per step, and json.dumps of the dict was most of the worker's round-trip
     build time (benchmarks/exchange_cost.py). Strings go through json's own escaping."""
-    if delta.logprobs:  # rare: the plain encoder
+    if delta.logprobs or delta.prompt_logprobs is not None:  # rare: the plain encoder
         return json.dumps(delta_event(worker_id, f, delta), separators=(",", ":"))
     tokens = ",".join(map(str, delta.new_token_ids))
     head = (
@@ -84,7 +86,9 @@ def final_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DoneEvent |
             "usage": f.usage(n, engine_usage),
         }
         if delta.logprobs:
-            done["logprobs"] = logprob_entries(delta)
+            done["logprobs"] = logprob_entries(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            done["prompt_logprobs"] = logprob_entries(delta.prompt_logprobs)
         return done
     if reason == "abort":
         event = error_event("request cancelled", "cancelled")

@@ -24,6 +24,10 @@ class Formatter:
         """A streamed delta's text → what to send now (a formatter may hold text back)."""
         return text
 
+    def event_logprobs(self, event: dict) -> list[dict] | None:
+        """The logprob entries an output event brings to this response (or None)."""
+        return event.get("logprobs")
+
     def closing_chunks(
         self, text: str, finish_reason: str, logprobs: list[dict] | None = None
     ) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 # (docs/serving.md#request-fields): nothing a client sends is silently dropped.
 #   - an unknown top-level field is a 400 naming it (the schemas forbid extras);
 #   - a field listed here is accepted only at a value that asks for nothing beyond what fleetlm
-#     does anyway (logit_bias: {}, min_p: 0, ...);
+#     does anyway (bad_words: [], use_beam_search: false, ...);
 #     any other value is a 400 naming the field.
 # So a client that sends such a field at its default (some SDKs and load tools always do) works,
 # and one that relies on it being honoured learns that it is not.
@@ -14,8 +14,6 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 # name → the values that ask for nothing (compared with ==).
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    # OpenAI, both endpoints
-    "logit_bias": (None, {}),
     # OpenAI, chat
     "functions": (None, []),
     "function_call": (None, "none"),
@@ -27,8 +25,6 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "web_search_options": (None,),
     "store": (None, False),  # fleetlm keeps no completions for later retrieval
     # vLLM, both endpoints
-    "min_p": (None, 0),
-    "repetition_penalty": (None, 1),
     "use_beam_search": (None, False),
     "prompt_logprobs": (None, 0),
     "bad_words": (None, []),
@@ -59,17 +55,11 @@ class NoOpFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    logit_bias: Any = None
-    min_p: Any = None
-    repetition_penalty: Any = None
     use_beam_search: Any = None
     prompt_logprobs: Any = None
     bad_words: Any = None
 
     _no_op = field_validator(
-        "logit_bias",
-        "min_p",
-        "repetition_penalty",
         "use_beam_search",
         "prompt_logprobs",
         "bad_words",

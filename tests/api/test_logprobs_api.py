@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.api.conftest import sdk
+from tests.api.conftest import bad_request, sdk
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,11 +95,46 @@ def test_no_logprobs_unless_asked(app_client, tenant, worker):
     ],
 )
 def test_bad_logprobs_are_400s(app_client, tenant, body, param, path):
-    base = {"messages": MESSAGES} if path == "/v1/chat/completions" else {"prompt": "hi"}
-    r = app_client.post(
-        path,
-        json={"model": "tiny", **base, **body},
-        headers={"Authorization": f"Bearer {tenant.key}"},
-    )
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param
+    assert bad_request(app_client, tenant.key, body, path)["param"] == param
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_first(app_client, tenant, worker):
+    client = sdk(app_client, tenant.key)
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(
+            client.completions.create,
+            model="tiny", prompt="ab", max_tokens=0, echo=True, logprobs=1,
+        )  # fmt: skip
+        queued = worker.take(tenant)
+        assert queued.sampling.prompt_logprobs == 1
+        done = worker.done("", len(queued.prompt_token_ids), 0) | {
+            "prompt_logprobs": [_entry("b", -2.0)]
+        }
+        worker.publish(queued.request_id, done)
+        out = reply.result(timeout=30)
+    lp = out.choices[0].logprobs
+    assert out.choices[0].text == "ab"
+    assert lp.tokens == ["a", "b"]
+    assert lp.token_logprobs == [None, -2.0]
+    assert lp.top_logprobs[0] is None
+    assert lp.text_offset == [0, 1]
+
+
+def test_echo_without_logprobs_streams_the_prompt_first(app_client, tenant, worker):
+    client = sdk(app_client, tenant.key)
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(
+            lambda: list(client.completions.create(
+                model="tiny", prompt="ab", max_tokens=2, echo=True, stream=True
+            ))
+        )  # fmt: skip
+        queued = worker.take(tenant)
+        assert queued.sampling.prompt_logprobs is None  # the prefix cache stays usable
+        worker.publish(queued.request_id, worker.delta("c", 1), worker.done("d", 2, 2))
+        chunks = reply.result(timeout=30)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "abcd"
+
+
+@pytest.mark.parametrize("body", [{"max_tokens": 0}, {"echo": "yes"}, {"echo": 1}])
+def test_bad_echo_values_are_400s(app_client, tenant, body):
+    assert bad_request(app_client, tenant.key, body, "/v1/completions")["param"] == next(iter(body))

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.api.conftest import sdk
+from tests.api.conftest import bad_request, sdk
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,8 +110,4 @@ def test_the_sdk_sends_response_format_json_schema(app_client, tenant, worker):
 def test_what_cannot_be_compiled_or_is_malformed_is_a_400_naming_the_field(
     app_client, tenant, body, param
 ):
-    r = _post(app_client, tenant.key, body)
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert error["type"] == "invalid_request_error"
-    assert error["param"] == param, error
+    assert bad_request(app_client, tenant.key, body)["param"] == param

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.api.conftest import sdk
+from tests.api.conftest import bad_request, sdk
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -169,10 +169,4 @@ def test_tool_results_go_through_the_template(app_client, tenant, worker):
     ],
 )  # fmt: skip
 def test_bad_tool_fields_are_400s_naming_them(app_client, tenant, body, param):
-    r = app_client.post(
-        "/v1/chat/completions",
-        json={"model": "tiny", "messages": MESSAGES, **body},
-        headers={"Authorization": f"Bearer {tenant.key}"},
-    )
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param
+    assert bad_request(app_client, tenant.key, body)["param"] == param

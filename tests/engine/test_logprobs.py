@@ -92,3 +92,19 @@ def test_prompt_logprobs_match_hf_through_chunks_and_the_prefix_cache(hf_model, 
             assert abs(entry.logprob - row[prompt[i + 1]].item()) < 1e-3
             assert [t for t, _ in entry.top] == row.topk(3).indices.tolist()
         assert out.logprobs is None  # sampled-token logprobs are a separate ask
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(hf_model, overlap):
+    llm = LLM(
+        TINY_CHAT, device="cpu", dtype="float32", num_kv_blocks=64, overlap_scheduling=overlap
+    )
+    prompt = [7, 8, 9, 10, 11]
+    out = llm.generate(prompt, SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
+    assert out.token_ids == [] and out.text == "" and out.finish_reason == "length"
+    reference = _hf_logprobs(hf_model, prompt)
+    assert len(out.prompt_logprobs) == len(prompt) - 1
+    for i, entry in enumerate(out.prompt_logprobs):
+        assert abs(entry.logprob - reference[i, prompt[i + 1]].item()) < 1e-3
+    with pytest.raises(ValueError):
+        SamplingParams(max_tokens=0)  # nothing to return
