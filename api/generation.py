@@ -139,8 +139,13 @@ async def _stream(
             text = event.get("text", "")
             usage.update(event)
             if kind == "delta":
-                if text:
-                    yield template.event(text) if template else sse(content(text))
+                text = fmt.feed(text)
+                logprobs = fmt.event_logprobs(event)
+                if text or logprobs:
+                    if logprobs:  # rare: the plain encoder, with the tokens' logprobs
+                        yield sse(fmt.chunk(text, None, logprobs) | usage.field())
+                    else:
+                        yield template.event(text) if template else sse(content(text))
                     # Sent, unless the connection closed meanwhile (then the send did nothing).
                     # One turn of the event loop lets a hang-up on the wire reach `peer`.
                     await asyncio.sleep(0)
@@ -159,9 +164,10 @@ async def _stream(
                 yield sse(event_error(event).body())
                 break
             ended = True
-            # finish_reason rides on the last content chunk
-            last = fmt.chunk(text, event["finish_reason"])
-            yield sse(last | usage.field())
+            # finish_reason rides on the last chunk (after any tool calls held back)
+            logprobs = fmt.event_logprobs(event)
+            for last in fmt.closing_chunks(text, event["finish_reason"], logprobs):
+                yield sse(last | usage.field())
             if usage.include_usage:
                 yield sse(fmt.usage_chunk(usage.final()))
         yield sse("[DONE]")
@@ -185,12 +191,16 @@ async def _collect(
     headers: dict[str, str],
     drain: Drain,
 ) -> Response:
+    logprobs: list[dict] = []
+
     async def consume() -> tuple[str, dict[str, Any]]:
         parts: list[str] = []
         async for event in relay_events(
             state.redis, state.settings, request_id, drain.deadline_passed, state.mux
         ):
             parts.append(event.get("text", ""))
+            if event["type"] != "error":
+                logprobs.extend(fmt.event_logprobs(event) or ())
             if event["type"] == "error" and event.get("worker") is None:
                 await _cancel(state, request_id, 0)  # the relay gave up: the worker must too
             if event["type"] in FINAL_EVENTS:
@@ -216,7 +226,8 @@ async def _collect(
             headers = headers | {"retry-after": str(state.settings.unavailable_retry_after_s)}
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
     usage = Usage.from_counts(event["usage"])
-    return JSONResponse(fmt.response(text, event["finish_reason"], usage), headers=headers)
+    body = fmt.response(text, event["finish_reason"], usage, logprobs or None)
+    return JSONResponse(body, headers=headers)
 
 
 # -- when Redis does not answer ---------------------------------------------------------------

@@ -83,8 +83,12 @@ class EngineConfig:
     # twice (with and without groups).
     shared_prefix_decode: bool = False
     shared_prefix_min_tokens: int = 256
+    # Constrained decoding: compiled grammars kept, by spec (engine/grammar.py).
+    grammar_cache_size: int = 256
 
     def __post_init__(self) -> None:
+        if self.grammar_cache_size < 1:
+            raise ValueError("grammar_cache_size must be positive")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

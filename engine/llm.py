@@ -50,6 +50,8 @@ class LLM:
         for prompt, p, prio in zip(prompts, params, priorities):
             request_id = f"offline-{next(self._ids)}"
             ids = self._prompt_ids(prompt)
+            if p.structured_output is not None:  # a bad grammar raises here (then it is cached)
+                self.engine.grammars.check(p.structured_output)
             self.engine.add_request(request_id, ids, p, prio)
             outputs[request_id] = CompletionOutput(
                 request_id=request_id, prompt_token_ids=ids, num_prompt_tokens=len(ids)

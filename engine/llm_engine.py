@@ -7,15 +7,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.grammar import GrammarCompiler
+from engine.grammar_mask import GrammarMasks, GrammarState
 from engine.models.config import resolve_model_config
 from engine.outputs import EngineStats, RequestDelta
 from engine.overlap import OverlapSteps, Unsynced
 from engine.prefill_order import PrefillOrder
-from engine.request import Priority, Request
+from engine.request import Priority, Request, RequestStatus
 from engine.request_intake import new_request
 from engine.runner_setup import build_runner, resolve_device, resolve_dtype
 from engine.sampler import HostCopy
@@ -107,6 +110,13 @@ class LLMEngine:
         elif config.speculative_method == "draft":
             self.speculator = Speculator(config, self.runner.draft)
         self._pending: list[RequestDelta] = []  # aborted since the last step
+        # Constrained decoding: grammars compile on a thread of their own, so a new schema never
+        # holds up the step loop; its request joins the scheduler once its matcher is ready.
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.model_config.vocab_size, eos, config.grammar_cache_size
+        )
+        self._grammar_pool: ThreadPoolExecutor | None = None
+        self._compiling: dict[str, tuple[Future, Request]] = {}
         self.last_schedule_s = 0.0
         self.step_trace: StepTrace | None = None  # enable_step_trace() turns recording on
         self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
@@ -124,6 +134,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel followers (nothing to do with one rank); idempotent."""
+        pool, self._grammar_pool = getattr(self, "_grammar_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         followers, self._followers = self._followers, None
         if followers is None:
             return
@@ -170,19 +183,57 @@ class LLMEngine:
         it had produced; they are recomputed like a preempted request's (prefix-cached where
         possible), count as output (max_tokens, min_tokens, usage) and are not emitted again."""
         self._check_no_step_in_flight()
+        if params is not None and params.prompt_logprobs is not None and self.tp.size > 1:
+            raise ValueError("prompt_logprobs is not supported with tensor parallelism")
         request = new_request(
             request_id, prompt_token_ids, params or SamplingParams(), Priority.parse(priority),
             arrival_time, cache_salt, output_token_ids, vocab_size=self.model_config.vocab_size,
             max_model_len=self.max_model_len, tokenizer=self.tokenizer,
         )  # fmt: skip
-        self.scheduler.add_request(request)
+        spec = request.params.structured_output
+        if spec is None:
+            self.scheduler.add_request(request)
+            return
+        if self._grammar_pool is None:
+            self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self._compiling[request_id] = (
+            self._grammar_pool.submit(self.grammars.matcher, spec),
+            request,
+        )
+
+    def _admit_compiled(self) -> None:
+        """Constrained requests whose grammar is ready join the scheduler; one whose grammar
+        failed to compile ends as an error (the API checks grammars first: rare here)."""
+        for request_id, (future, request) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[request_id]
+            try:
+                request.grammar = GrammarState(future.result())
+            except ValueError as exc:
+                request.status = RequestStatus.FINISHED
+                request.finish_reason, request.error = "error", str(exc)
+                request.finish_time = time.time()
+                self._pending.append(request_delta(request, [], ""))
+                continue
+            if self.runner.grammar_masks is None:
+                self.runner.grammar_masks = GrammarMasks(
+                    self.grammars.tokenizer.vocab_size, self.device, self.eos_token_ids
+                )
+            self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> bool:
         """Frees the request's KV blocks now; its final delta comes with the next step."""
         self._check_no_step_in_flight()
         request = self.scheduler.requests.get(request_id)
         if request is None:
-            return False
+            compiling = self._compiling.pop(request_id, None)
+            if compiling is None:
+                return False
+            request = compiling[1]  # never scheduled: nothing to free
+            request.status, request.finish_reason = RequestStatus.FINISHED, "abort"
+            self._pending.append(request_delta(request, [], ""))
+            return True
         if self.overlap is not None:
             self.overlap.before_abort(request)
         self.scheduler.finish(request, "abort")
@@ -195,7 +246,7 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         # (An overlapped step's live requests are the scheduler's: no separate check needed.)
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._compiling)
 
     # -- the step ------------------------------------------------------------------------
 
@@ -212,6 +263,8 @@ class LLMEngine:
         """The first half of begin_step: decide the step (and draft, when speculating). Its
         `graphed` says whether launching it will be cheap (a graph replay)."""
         self._check_no_step_in_flight()
+        if self._compiling:
+            self._admit_compiled()
         deltas, self._pending = self._pending, []
         step = StepInFlight(deltas=deltas, started_at=time.time(), t0=time.perf_counter())
         overlap = self.overlap
@@ -286,6 +339,9 @@ class LLMEngine:
                 deltas.append(new_tokens_delta(self.scheduler, request, start))
         for request in out.failed:
             deltas.append(request_delta(request, [], flush_text(request)))
+        for delta in deltas:
+            for lp in (delta.logprobs or []) + (delta.prompt_logprobs or []):
+                lp.decode(self.tokenizer)
         step.finish_s = time.perf_counter() - t_wait
         self._observe_step_time(step)
         if self.step_trace is not None and not out.is_empty:

@@ -18,7 +18,9 @@ from engine.attention import AttentionMetadata, prefill_tail
 from engine.batch_builder import BatchBuilder, PreparedBatch
 from engine.config import EngineConfig
 from engine.cuda_graphs import StepGraphs
+from engine.grammar_mask import GrammarMasks
 from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget, profile_lengths
+from engine.logprobs import PromptLogprobs, StepLogprobs
 from engine.models.config import ModelConfig
 from engine.models.loader import build_model
 from engine.models.quant_config import fp8_scheme
@@ -96,6 +98,8 @@ class ModelRunner:
         self.step_events: list | None = None
         self._step_start = None  # the open step's start event (begin_step), when collecting
         self.warmup_report: dict | None = None  # kernel_warmup.warm_up_mixed_steps, once run
+        # Made by the engine when its first constrained request is admitted.
+        self.grammar_masks: GrammarMasks | None = None
 
     # -- the step ------------------------------------------------------------------------
 
@@ -108,6 +112,10 @@ class ModelRunner:
         """Wait for a launched step's sampled ids (the step's one device-to-host copy)."""
         t0 = time.perf_counter()
         result = launched.wait()
+        if launched.logprobs is not None:
+            launched.logprobs.record(result)
+        if launched.prompt_logprobs is not None:
+            launched.prompt_logprobs.record()
         self.timing.wait_s = time.perf_counter() - t0
         return result
 
@@ -138,33 +146,55 @@ class ModelRunner:
             batch.input_ids.index_copy_(0, batch.fed_rows, fed)
         t1 = time.perf_counter()
         meta = batch.meta
-        logits = self._logits(batch)
+        prompt = None
+        if out.num_decodes < len(out.requests):  # prompt chunks: some may want prompt logprobs
+            prompt = PromptLogprobs.plan(out.requests, out.num_new_tokens)
+        logits = self._logits(batch, prompt)
         if self.draft is not None and not batch.has_drafts:
             # The draft skipped this step's decodes: their K/V are missing from its cache
             # until a catch-up (DraftProposer.catch_up) before they next draft.
             for r in out.requests[: meta.num_decodes]:
                 if r.draft_lag is None or r.num_computed_tokens < r.draft_lag:
                     r.draft_lag = r.num_computed_tokens
+        # Before anything changes the logits in place (masks, bans): the model's own logprobs.
+        logprobs = StepLogprobs.of(logits, batch.sampling_requests) if sampling else None
+        # The forward pass is queued: the host fills the grammar masks while the device runs it.
+        masks = self._grammar_masks(batch.sampling_requests)
+        if masks is not None:
+            self.grammar_masks.apply(logits, masks)
         t2 = time.perf_counter()
         if batch.has_drafts:
             vocab = self.model_config.vocab_size
             # verify() ends in the step's one D2H copy.
             accepted = verify(logits, batch.sampling_requests, vocab, self.eos_token_ids)
-            result = HostCopy(values=accepted)
+            result = HostCopy(values=accepted, prompt_logprobs=prompt)
             self._record_end()
         elif sampling is not None:
             sampled = sample(logits, sampling)
+            if logprobs is not None:
+                logprobs.start_copy(sampled)
             self._record_end()
-            result = HostCopy.start(sampled)  # the step's one D2H copy
+            result = HostCopy.start(sampled)  # the step's one D2H copy (+ logprobs when asked)
+            result.logprobs = logprobs
+            result.prompt_logprobs = prompt
         else:
             self._record_end()
-            result = HostCopy(values=[])
+            result = HostCopy(values=[], prompt_logprobs=prompt)
         t3 = time.perf_counter()
         self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
         return result
 
-    def _logits(self, batch: PreparedBatch) -> torch.Tensor:
-        """The step's forward: logits [num_sampling_rows, vocab] (on every rank)."""
+    def _grammar_masks(self, requests: list[Request]):
+        """The bitmask rows of the step's constrained requests (GrammarMasks.fill), or None.
+        `requests`: 1 + len(drafts) rows each; a constrained request never drafts."""
+        if not any(r.grammar is not None for r in requests):
+            return None
+        rows = [r for r in requests for _ in range(1 + len(r.spec_token_ids))]
+        return self.grammar_masks.fill(rows)
+
+    def _logits(self, batch: PreparedBatch, prompt: PromptLogprobs | None = None) -> torch.Tensor:
+        """The step's forward: logits [num_sampling_rows, vocab] (on every rank). `prompt`:
+        prompt logprob rows to compute from the hidden states too (prefill steps: never a graph)."""
         graphs = self._graphs_for(batch)
         if graphs is not None:
             return graphs.replay(batch)  # every token samples in these steps
@@ -172,6 +202,8 @@ class ModelRunner:
             hidden = self.piecewise.run(batch)
         else:
             hidden = self._eager_forward(batch)
+        if prompt is not None:
+            prompt.start(hidden, self.model.compute_logits)
         return self.model.compute_logits(hidden[batch.logits_indices])
 
     # -- tensor parallel -------------------------------------------------------------------

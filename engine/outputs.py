@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -28,6 +29,10 @@ class RequestDelta:
     first_scheduled_time: float | None
     first_token_time: float | None
     finish_time: float | None
+    # engine.logprobs.TokenLogprob per new token, when the request asked for logprobs
+    logprobs: list[Any] | None = None
+    # With its first tokens, when asked: TokenLogprob per prompt token after the first
+    prompt_logprobs: list[Any] | None = None
 
 
 @dataclass(slots=True)
@@ -44,9 +49,15 @@ class CompletionOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finish_time: float | None = None
+    logprobs: list[Any] | None = None  # engine.logprobs.TokenLogprob per token, when asked
+    prompt_logprobs: list[Any] | None = None  # per prompt token after the first, when asked
 
     def apply(self, delta: RequestDelta) -> None:
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.token_ids.extend(delta.new_token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
         self.text += delta.new_text
         self.num_cached_tokens = delta.usage.cached_tokens
         self.num_preemptions = delta.usage.preemptions

@@ -76,7 +76,8 @@ class OverlapSteps:
         """Whether the next step must be scheduled from committed tokens, because scheduling
         could preempt: the running requests' next tokens may not all fit the free blocks, or
         an interactive arrival may take a running batch request's seat or memory. The plain
-        engine would first have freed the seats and blocks of requests finishing at N."""
+        engine would first have freed the seats and blocks of requests finishing at N. Also
+        whenever a constrained request runs: its grammar mask needs its last token on the host."""
         if self.unsynced is None:
             return False
         scheduler, bm = self.scheduler, self.block_manager
@@ -84,6 +85,9 @@ class OverlapSteps:
         need = 0  # blocks for every running request's pending tokens (a decode: 0 or 1)
         for r in scheduler.running:
             need += -(-r.num_tokens // bs) - len(r.block_ids)
+            if r.grammar is not None or r.params.uses_history:
+                # Its next mask (or penalty) depends on the token still on the device.
+                return True
         if need > free:
             return True
         arrivals = scheduler.waiting[Priority.INTERACTIVE]

@@ -54,6 +54,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "generator",
+        "grammar",
         "max_tokens",
         "ngram_index",
         "num_cached_tokens",
@@ -63,6 +64,8 @@ class Request:
         "num_registered_blocks",
         "params",
         "priority",
+        "prompt_logprobs",
+        "prompt_logprobs_sent",
         "request_id",
         "spec_acceptance",
         "spec_accepted",
@@ -73,6 +76,7 @@ class Request:
         "spec_slots",
         "spec_token_ids",
         "status",
+        "step_logprobs",
         "token_ids",
     )
 
@@ -112,6 +116,14 @@ class Request:
         self.error: str | None = None
         self.generator: Any = None  # torch.Generator for seeded sampling, made by the runner
         self.detokenizer: Any = None
+        # Constrained decoding: engine.grammar_mask.GrammarState once its grammar is compiled.
+        self.grammar: Any = None
+        # engine.logprobs.TokenLogprob of the token the last collected step sampled (logprobs on)
+        self.step_logprobs: Any = None
+        # engine.logprobs.TokenLogprob per prompt token after the first, when asked ([] until
+        # computed); sent once, with the request's first delta that has tokens.
+        self.prompt_logprobs: list[Any] | None = None
+        self.prompt_logprobs_sent = False
         # Speculative decoding. Drafts are scheduled and scored but never part of token_ids:
         # only verified tokens are appended, so block hashes never cover a rejected token.
         self.spec_slots = 0  # draft slots wanted (set by the policy) / granted (by the scheduler)

@@ -31,6 +31,8 @@ def new_request(
         raise ValueError("the prompt is empty")
     if min(prompt + output) < 0 or max(prompt + output) >= vocab_size:
         raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    if params.logit_bias and not all(0 <= t < vocab_size for t in params.logit_bias):
+        raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
     if len(prompt) >= max_model_len:
         raise ValueError(f"prompt has {len(prompt)} tokens; the model's context is {max_model_len}")
     room = max_model_len - len(prompt)
@@ -40,9 +42,14 @@ def new_request(
             f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
             f"model's context of {max_model_len} tokens"
         )
-    if len(output) >= max_tokens:
+    if output and len(output) >= max_tokens:
         raise ValueError(f"{len(output)} output tokens to resume from, max_tokens {max_tokens}")
+    if params.prompt_logprobs is not None:
+        # No prefix-cache hits (a salt no other request has): every position must be computed.
+        cache_salt = ("prompt_logprobs", request_id, cache_salt)
     request = Request(request_id, prompt, params, priority, max_tokens, arrival_time, cache_salt)
+    if params.prompt_logprobs is not None:
+        request.prompt_logprobs = []
     if params.detokenize:
         detok = IncrementalDetokenizer(
             tokenizer,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logit_adjust import LogitAdjust
 from engine.request import Request
 
 
@@ -22,6 +23,8 @@ class SamplingBatch:
     # (row, token) pairs to mask to -inf (EOS and stop ids before min_tokens is reached)
     banned_rows: list[int]
     banned_tokens: list[int]
+    adjust: LogitAdjust | None = None  # logit_bias and penalties (engine/logit_adjust.py)
+    min_p: torch.Tensor | None = None  # [num_rows] float32 when some row sets min_p
 
     @classmethod
     def from_requests(
@@ -51,6 +54,8 @@ class SamplingBatch:
                 banned_rows += [row] * len(ids)
                 banned_tokens += ids
         all_greedy = all(t == 0.0 for t in temps)
+        min_ps = [r.params.min_p for r in requests]
+        needs_min_p = not all_greedy and any(min_ps)
         if all_greedy:  # argmax needs no per-row tensors: skip the copies entirely
             temps, top_ks, top_ps = [], [], []
         return cls(
@@ -63,6 +68,8 @@ class SamplingBatch:
             generators=gens,
             banned_rows=banned_rows,
             banned_tokens=banned_tokens,
+            adjust=LogitAdjust.from_requests(requests, vocab_size, device),
+            min_p=_to_device(min_ps, torch.float32, device) if needs_min_p else None,
         )
 
 
@@ -77,6 +84,9 @@ class HostCopy:
     # The tensor being copied, still on its device: overlapped scheduling feeds the next step's
     # input ids from it before the copy is waited for (engine/overlap.py).
     device_values: torch.Tensor | None = None
+    # engine.logprobs.StepLogprobs when some row asked for logprobs (collect() records them).
+    logprobs: object = None
+    prompt_logprobs: object = None  # engine.logprobs.PromptLogprobs, likewise
 
     @classmethod
     def start(cls, t: torch.Tensor) -> HostCopy:
@@ -118,6 +128,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     in float32."""
     if not batch.all_greedy:
         logits = logits.float()
+    if batch.adjust is not None:
+        logits = batch.adjust.apply(logits)
     if batch.banned_rows:
         logits[batch.banned_rows, batch.banned_tokens] = float("-inf")
     greedy_tokens = logits.argmax(dim=-1)
@@ -142,7 +154,12 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     scaled = logits / torch.where(temps > 0, temps, 1.0).unsqueeze(1)
     if batch.needs_top_k or batch.needs_top_p:
         scaled = _mask_top_k_top_p(scaled, batch)
-    return torch.softmax(scaled, dim=-1)
+    probs = torch.softmax(scaled, dim=-1)
+    if batch.min_p is not None:  # drop what is below min_p x the row's top probability
+        floor = batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
 
 
 def _mask_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -388,6 +388,8 @@ class Scheduler:
                 return "stop"
             if token in params.stop_token_ids:
                 return "stop"
+        if request.grammar is not None and request.grammar.completed(request):
+            return "stop"  # the grammar admits nothing more (a model may lack an EOS token)
         if num_out >= request.max_tokens:
             return "length"
         return None

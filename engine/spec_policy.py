@@ -107,12 +107,16 @@ class Speculator:
         drafts this step (the step then runs exactly as without speculation)."""
         self.num_plans += 1
         decoding = []
+        plain_only = False
         for r in running:
             r.spec_slots = 0
             r.spec_token_ids = []
             r.spec_draft_probs = None
             if r.num_tokens - r.num_computed_tokens == 1:
                 decoding.append(r)
+            plain_only |= r.params.needs_plain_step
+        if plain_only:  # verification cannot sample its row: a plain step for everyone
+            return False
         if len(decoding) > self.max_batch_size:
             self.num_steps_gated += 1
             return False

@@ -17,6 +17,10 @@ def new_tokens_delta(scheduler: Scheduler, request: Request, start: int) -> Requ
     """The delta of a request whose tokens from `start` on are new (several when drafts were
     accepted); the scheduler has already appended them and applied EOS, stop ids and
     max_tokens."""
+    if request.max_tokens == 0:
+        # Prompt scoring (max_tokens 0): its prefill sampled one token, which is no output.
+        del request.token_ids[request.num_prompt_tokens :]
+        request.finish_reason = "length"
     new_ids = request.token_ids[start:]
     detok = request.detokenizer
     text = ""
@@ -40,6 +44,16 @@ def new_tokens_delta(scheduler: Scheduler, request: Request, start: int) -> Requ
 
 
 def request_delta(request: Request, new_ids: list[int], text: str) -> RequestDelta:
+    logprobs = None
+    if request.step_logprobs is not None and new_ids:  # one token per step: they never draft
+        logprobs, request.step_logprobs = [request.step_logprobs], None
+    prompt_logprobs = None
+    if (
+        request.prompt_logprobs is not None
+        and not request.prompt_logprobs_sent
+        and (new_ids or request.is_finished)
+    ):
+        prompt_logprobs, request.prompt_logprobs_sent = request.prompt_logprobs, True
     return RequestDelta(
         request_id=request.request_id,
         new_token_ids=new_ids,
@@ -58,5 +72,7 @@ def request_delta(request: Request, new_ids: list[int], text: str) -> RequestDel
         arrival_time=request.arrival_time,
         first_scheduled_time=request.first_scheduled_time,
         first_token_time=request.first_token_time,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         finish_time=request.finish_time,
     )

@@ -263,6 +263,10 @@ class Tokenizer(_ChatMixin):
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    def backend_json(self) -> str:
+        """The tokenizers-library JSON of the vocabulary (grammar engines read it)."""
+        return self._tok.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

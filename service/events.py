@@ -21,6 +21,11 @@ class DeltaEvent(TypedDict):
     token_ids: list[int]  # this event's tokens: what another worker re-runs if this one dies
     # Of the prompt, once scheduled (per-chunk usage; a resuming worker bills the first run's).
     cached_tokens: NotRequired[int]
+    # When the request asked: per token {"token", "logprob", "bytes", "top_logprobs"} (OpenAI's
+    # chat shape, workers/output_events.py)
+    logprobs: NotRequired[list[dict]]
+    # With the first event of a request that asked: per prompt token after the first, likewise
+    prompt_logprobs: NotRequired[list[dict]]
 
 
 class ResumeEvent(TypedDict):
@@ -37,6 +42,8 @@ class DoneEvent(TypedDict):
     worker: str
     finish_reason: Literal["stop", "length"]
     usage: UsageCounts
+    logprobs: NotRequired[list[dict]]  # the last tokens' (as DeltaEvent's)
+    prompt_logprobs: NotRequired[list[dict]]  # when no delta came before (max_tokens 0)
 
 
 class ErrorEvent(TypedDict):

@@ -7,14 +7,18 @@
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 
+from engine.grammar import GrammarCompiler
+from engine.sampling_params import StructuredOutput
 from metering.keys import Principal
 from service.context import AdmissionContext
 from service.errors import APIError, invalid_param
 from service.queued_request import Endpoint, QueuedRequest
 from service.schemas.chat import ChatCompletionRequest
-from service.schemas.completions import CompletionRequest
+from service.schemas.completions import CompletionRequest, Echo
 from service.schemas.sampling import SamplingRequest
+from service.schemas.tools import ToolCallParser, ToolMode, parser_for_template
 
 # A normalizer may add a character or two (a leading "▁"): never refuse a prompt that fits.
 PROMPT_CHARS_SLACK = 16
@@ -79,6 +83,9 @@ def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: i
     vocab = state.tokenizer.vocab_size
     if any(t >= vocab for t in body.stop_token_ids or ()):
         raise invalid_param("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
+    bias = body.bias_by_id()
+    if bias and any(not 0 <= t < vocab for t in bias):
+        raise invalid_param("logit_bias", f"logit_bias token ids must be in [0, {vocab})")
     # min_tokens is bounded by max_tokens (SamplingRequest.sampling) or, without it, by the room
     # the context leaves after the prompt.
     room = state.model_card.max_model_len - num_prompt
@@ -88,6 +95,58 @@ def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: i
             f"min_tokens ({body.min_tokens}) exceeds the {room} tokens the context leaves after "
             "the prompt",
         )
+
+
+@lru_cache(maxsize=4)
+def _grammar_compiler(tokenizer: object) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, tokenizer.vocab_size, tuple(tokenizer.eos_token_ids))
+
+
+def check_structured_output(state: AdmissionContext, body: SamplingRequest) -> None:
+    """Compile the request's grammar once here (cached per spec), so a schema, regex or
+    grammar that llguidance cannot take is a 400 naming its field, not a failed request."""
+    asked = body.structured_output()
+    if asked is None:
+        return
+    param, spec = asked
+    try:
+        _grammar_compiler(state.tokenizer).check(StructuredOutput(**spec))
+    except ValueError as exc:
+        raise invalid_param(param, f"{param}: {exc}") from None
+
+
+def tool_call_parser(state: AdmissionContext) -> ToolCallParser:
+    """The model's tool-call format: the setting, or (auto) what its chat template teaches."""
+    chosen = state.settings.tool_call_parser
+    if chosen != "auto":
+        return chosen
+    return parser_for_template(getattr(state.tokenizer, "chat_template", None))
+
+
+def chat_tool_mode(state: AdmissionContext, body: ChatCompletionRequest) -> ToolMode | None:
+    return body.tool_mode(tool_call_parser(state))
+
+
+def prompt_ids(state: AdmissionContext, body: CompletionRequest) -> list[int]:
+    if isinstance(body.prompt, str):
+        check_prompt_chars(state, len(body.prompt), "prompt")
+        return state.tokenizer.encode(body.prompt)
+    prompt = list(body.prompt)
+    vocab = state.tokenizer.vocab_size
+    if any(not 0 <= t < vocab for t in prompt):
+        raise invalid_param("prompt", f"prompt token ids must be in [0, {vocab})")
+    return prompt
+
+
+def completion_echo(
+    state: AdmissionContext, body: CompletionRequest, prompt_token_ids: list[int]
+) -> Echo | None:
+    """What an echoing completion puts first (the prompt as sent, or its ids decoded)."""
+    if not body.echo:
+        return None
+    decode = state.tokenizer.decode
+    text = body.prompt if isinstance(body.prompt, str) else decode(prompt_token_ids)
+    return Echo(text, decode(prompt_token_ids[:1], skip_special_tokens=False))
 
 
 def build_request(
@@ -116,14 +175,19 @@ def prepare_chat(
     check_model(state, body.model)
     messages = body.template_messages()
     check_prompt_chars(state, _content_chars(messages), "messages")
+    chat_tool_mode(state, body)  # a tool_choice that names no tool is a 400 before templating
     try:
         prompt = state.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
+            messages,
+            add_generation_prompt=True,
+            tokenize=True,
+            tools=body.template_tools(),
         )
     except Exception as exc:  # template errors are the request's fault (bad roles, order, ...)
         raise invalid_param("messages", f"could not apply the chat template: {exc}") from exc
     check_context(state, len(prompt), body.effective_max_tokens(), "messages")
     check_sampling(state, body, len(prompt))
+    check_structured_output(state, body)
     return build_request(request_id, body, principal, "chat.completions", prompt)
 
 
@@ -131,16 +195,10 @@ def prepare_completion(
     state: AdmissionContext, body: CompletionRequest, principal: Principal, request_id: str
 ) -> QueuedRequest:
     check_model(state, body.model)
-    if isinstance(body.prompt, str):
-        check_prompt_chars(state, len(body.prompt), "prompt")
-        prompt = state.tokenizer.encode(body.prompt)
-    else:
-        prompt = list(body.prompt)
-        vocab = state.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise invalid_param("prompt", f"prompt token ids must be in [0, {vocab})")
+    prompt = prompt_ids(state, body)
     if not prompt:
         raise invalid_param("prompt", "the prompt is empty")
     check_context(state, len(prompt), body.max_tokens, "prompt")
     check_sampling(state, body, len(prompt))
+    check_structured_output(state, body)
     return build_request(request_id, body, principal, "completions", prompt)

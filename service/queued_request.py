@@ -26,6 +26,15 @@ class Sampling:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # engine.sampling_params.StructuredOutput's fields ({"kind", "spec"}), or None
+    structured_output: dict[str, str] | None = None
+    logprobs: int | None = None  # top logprobs per sampled token (0: the token's own); None: off
+    prompt_logprobs: int | None = None  # likewise for each prompt token (completions' echo)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None  # (JSON keys: strings; SamplingParams converts)
 
 
 @dataclass(slots=True)

@@ -122,6 +122,11 @@ class Settings(BaseSettings):
     # step N's tokens reach the host. None: on for a GPU worker without speculative decoding or
     # tensor parallelism (engine/config.py).
     overlap_scheduling: bool | None = None
+    # Compiled grammars a worker keeps, by spec (docs/serving.md#structured-outputs).
+    grammar_cache_size: int = Field(256, ge=1)
+    # How `tool_choice: auto` answers are read (docs/serving.md#tool-calls): "hermes"
+    # (<tool_call> tags, Qwen), "llama3_json", or "auto": from the chat template.
+    tool_call_parser: Literal["auto", "hermes", "llama3_json"] = "auto"
     # Intra-op threads: None → 1 for a GPU worker; for a CPU worker the cores but one, split
     # among the CPU workers of the machine (workers/torch_threads.py).
     torch_threads: int | None = None

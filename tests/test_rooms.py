@@ -26,12 +26,15 @@ MAY_IMPORT: dict[str, set[str]] = {
 ROOMS = tuple(MAY_IMPORT)
 # The engine modules a service process may load without torch (the API tokenizes with the
 # first; the settings derive the engine's config and context length from the next two; the
-# router hashes prompt blocks as the prefix cache does with the last).
+# router hashes prompt blocks as the prefix cache does with the fourth; requests carry sampling
+# params, and the API compiles their grammars to check them, with the last two).
 TORCH_FREE_ENGINE = {
     "engine.tokenizer",
     "engine.config",
     "engine.models.config",
     "engine.block_hash",
+    "engine.sampling_params",
+    "engine.grammar",
 }
 HEAVY = {"torch", "triton", "kernels"}
 

@@ -30,10 +30,11 @@ from service import streams as p
 from service.errors import event_error
 from service.events import FINAL_EVENTS, Event, decode_event
 from service.output_stream import follow
+from service.prepare import chat_tool_mode, completion_echo, prompt_ids
 from service.queued_request import QueuedRequest
 from service.redis_clients import async_redis, sync_redis
-from service.schemas.chat import ChatFormatter
-from service.schemas.completions import CompletionFormatter
+from service.schemas.chat import ChatCompletionRequest, ChatFormatter
+from service.schemas.completions import CompletionFormatter, CompletionRequest
 from service.schemas.models import ModelCard
 from service.schemas.sampling import Usage
 from service.settings import Settings
@@ -225,10 +226,16 @@ class Runner:
         text = "".join(e.get("text", "") for e in events)
         model = row.body.get("model", self.model_card.id)
         if batch.endpoint == "/v1/chat/completions":
-            fmt = ChatFormatter(row.request_id, model, "flex")
+            body = ChatCompletionRequest.model_validate(row.body)  # admitted: it is valid
+            context = ba.BatchAdmissionContext(self.settings, None, self.tokenizer, self.model_card)
+            fmt = ChatFormatter(row.request_id, model, "flex", chat_tool_mode(context, body))
         else:
-            fmt = CompletionFormatter(row.request_id, model)
-        body = fmt.response(text, final["finish_reason"], Usage.from_counts(usage))
+            body = CompletionRequest.model_validate(row.body)
+            context = ba.BatchAdmissionContext(self.settings, None, self.tokenizer, self.model_card)
+            echo = completion_echo(context, body, prompt_ids(context, body)) if body.echo else None
+            fmt = CompletionFormatter(row.request_id, model, echo, body.logprobs is not None)
+        logprobs = [lp for e in events for lp in fmt.event_logprobs(e) or ()] or None
+        body = fmt.response(text, final["finish_reason"], Usage.from_counts(usage), logprobs)
         row.state, row.status_code, row.response = "done", 200, body
 
     def _drop_queued(self, session: Session, batch: Batch) -> None:

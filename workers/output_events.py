@@ -22,6 +22,23 @@ from service.streams import delivered_of
 from workers.inflight import Inflight
 
 
+def logprob_entries(logprobs: list) -> list[dict]:
+    """Tokens' logprobs (engine.logprobs.TokenLogprob) in OpenAI's chat shape (the API reshapes
+    them for completions): token text, logprob, UTF-8 bytes, top_logprobs."""
+    return [
+        {
+            "token": lp.token,
+            "logprob": lp.logprob,
+            "bytes": list(lp.token.encode()),
+            "top_logprobs": [
+                {"token": text, "logprob": v, "bytes": list(text.encode())}
+                for text, (_, v) in zip(lp.top_tokens or (), lp.top)
+            ],
+        }
+        for lp in logprobs
+    ]
+
+
 def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
     event: DeltaEvent = {
         "type": "delta",
@@ -34,6 +51,10 @@ def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
         event["cached_tokens"] = delta.usage.cached_tokens
         event["first_token_time"] = delta.first_token_time
         event["scheduled_time"] = delta.first_scheduled_time
+    if delta.logprobs:
+        event["logprobs"] = logprob_entries(delta.logprobs)
+    if delta.prompt_logprobs is not None:
+        event["prompt_logprobs"] = logprob_entries(delta.prompt_logprobs)
     return event
 
 
@@ -41,6 +62,8 @@ def delta_event_json(worker_id: str, f: Inflight, delta: RequestDelta) -> str:
     """delta_event's JSON as service.events.encode_event writes it, formatted directly: one per
     running request per step, and json.dumps of the dict was most of the worker's round-trip
     build time (benchmarks/exchange_cost.py). Strings go through json's own escaping."""
+    if delta.logprobs or delta.prompt_logprobs is not None:  # rare: the plain encoder
+        return json.dumps(delta_event(worker_id, f, delta), separators=(",", ":"))
     tokens = ",".join(map(str, delta.new_token_ids))
     head = (
         f'{{"type":"delta","text":{json_string(delta.new_text)},"worker":{json_string(worker_id)}'
@@ -62,13 +85,18 @@ def final_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DoneEvent |
     n = delta.usage.completion_tokens
     reason = delta.finish_reason
     if reason in ("stop", "length"):
-        return {
+        done: DoneEvent = {
             "type": "done",
             "text": delta.new_text,
             "worker": worker_id,
             "finish_reason": reason,
             "usage": f.usage(n, engine_usage),
         }
+        if delta.logprobs:
+            done["logprobs"] = logprob_entries(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            done["prompt_logprobs"] = logprob_entries(delta.prompt_logprobs)
+        return done
     if reason == "abort":
         event = error_event("request cancelled", "cancelled")
         if f.cancel_delivered is not None:  # what the client got before it left

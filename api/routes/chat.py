@@ -12,7 +12,7 @@ from api.generation import generate
 from api.openapi import GENERATION, errors, sse_and_json
 from api.schemas.generation import ChatCompletion, ChatCompletionChunk
 from api.strict_json import StrictJSONRoute
-from service.prepare import prepare_chat
+from service.prepare import chat_tool_mode, prepare_chat
 from service.schemas.chat import ChatCompletionRequest, ChatFormatter
 
 router = APIRouter(tags=["chat"], route_class=StrictJSONRoute)
@@ -30,7 +30,9 @@ async def create_chat_completion(
     # Templating and tokenisation are CPU-bound: off the event loop, so /health and every other
     # request keep being served while a long prompt is prepared.
     queued = await run_in_threadpool(prepare_chat, state, body, principal, request_id)
-    fmt = ChatFormatter(request_id, body.model, body.response_service_tier)
+    fmt = ChatFormatter(
+        request_id, body.model, body.response_service_tier, chat_tool_mode(state, body)
+    )
     return await generate(
         request,
         state,

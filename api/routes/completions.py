@@ -12,7 +12,7 @@ from api.generation import generate
 from api.openapi import GENERATION, errors, sse_and_json
 from api.schemas.generation import TextCompletion
 from api.strict_json import StrictJSONRoute
-from service.prepare import prepare_completion
+from service.prepare import completion_echo, prepare_completion
 from service.schemas.completions import CompletionFormatter, CompletionRequest
 
 router = APIRouter(tags=["completions"], route_class=StrictJSONRoute)
@@ -30,7 +30,8 @@ async def create_completion(
     # Templating and tokenisation are CPU-bound: off the event loop, so /health and every other
     # request keep being served while a long prompt is prepared.
     queued = await run_in_threadpool(prepare_completion, state, body, principal, request_id)
-    fmt = CompletionFormatter(request_id, body.model)
+    echo = completion_echo(state, body, queued.prompt_token_ids)
+    fmt = CompletionFormatter(request_id, body.model, echo, body.logprobs is not None)
     return await generate(
         request,
         state,

@@ -1,11 +1,13 @@
 # /v1/completions: the request and the response shapes (text_completion).
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, field_validator
 
-from service.schemas.fields import NonEmptyStr, NonNegativeInt, OnlyOne, PositiveInt
+from service.errors import invalid_param
+from service.schemas.fields import NonEmptyStr, NonNegativeInt, OnlyOne
 from service.schemas.formatter import Formatter, created_now
 from service.schemas.sampling import SamplingRequest, Usage
 
@@ -21,11 +23,11 @@ Prompt = (
 
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
-    max_tokens: PositiveInt | None = 16  # the legacy endpoint's default
-    # A strict bool (0 is not false, as 1 is not true), and only false: echo is not supported.
-    echo: StrictBool = Field(
-        False, description="Not supported.", json_schema_extra={"enum": [False]}
-    )
+    # The legacy endpoint's default is 16; 0 (with echo) scores the prompt and generates nothing.
+    max_tokens: NonNegativeInt | None = 16
+    # A strict bool (0 is not false, as 1 is not true): the prompt's text (and with logprobs its
+    # tokens' logprobs) comes first.
+    echo: StrictBool = False
     suffix: Literal[""] | None = Field(None, description="Not supported.")
     best_of: OnlyOne | None = None
 
@@ -43,9 +45,34 @@ class CompletionRequest(SamplingRequest):
             return v[0]
         return v
 
+    def effective_max_tokens(self) -> int | None:
+        if self.max_tokens == 0 and not self.echo:
+            raise invalid_param(
+                "max_tokens", "max_tokens 0 is only allowed with echo (to score the prompt)"
+            )
+        return self.max_tokens
+
+    def engine_prompt_logprobs(self) -> int | None:
+        """What the engine computes for the prompt: echo with logprobs wants the prompt's, and
+        max_tokens 0 has nothing else to compute."""
+        if self.echo and self.logprobs is not None:
+            return self.logprobs
+        return 0 if self.max_tokens == 0 else None
+
+
+@dataclass(slots=True, frozen=True)
+class Echo:
+    """What an echoing completion puts first: the prompt's text and its first token's text (the
+    one token without a logprob)."""
+
+    text: str
+    first_token: str
+
 
 class CompletionFormatter(Formatter):
-    def __init__(self, request_id: str, model: str) -> None:
+    def __init__(
+        self, request_id: str, model: str, echo: Echo | None = None, logprobs: bool = False
+    ) -> None:
         self.base = {
             "id": request_id,
             "object": "text_completion",
@@ -53,13 +80,62 @@ class CompletionFormatter(Formatter):
             "model": model,
             "system_fingerprint": None,
         }
+        self.text_offset = 0  # characters sent so far: the legacy logprobs' text_offset
+        self.echo = echo  # sent with the first text, then None
+        self.echo_sent: Echo | None = None
+        self.logprobs = logprobs
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def feed(self, text: str) -> str:
+        if self.echo is not None:
+            text, self.echo_sent = self.echo.text + text, self.echo
+            self.echo = None
+        return text
+
+    def event_logprobs(self, event: dict) -> list[dict] | None:
+        if not self.logprobs:
+            return None
+        entries = event.get("logprobs", [])
+        prompt = event.get("prompt_logprobs")
+        echo = self.echo_sent or self.echo  # (collecting: the text is fed only at the end)
+        if prompt is not None and echo is not None:
+            first = {"token": echo.first_token, "logprob": None, "top_logprobs": None}
+            entries = [first, *prompt, *entries]
+        return entries or None
+
+    def chunk(
+        self, text: str, finish_reason: str | None, logprobs: list[dict] | None = None
+    ) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None if logprobs is None else self._legacy(logprobs),
+            "finish_reason": finish_reason,
+        }
         return self.base | {"choices": [choice]}
+
+    def _legacy(self, entries: list[dict]) -> dict[str, Any]:
+        """The completions endpoint's logprobs shape, from the chat-shaped entries."""
+        offsets = []
+        for e in entries:
+            offsets.append(self.text_offset)
+            self.text_offset += len(e["token"])
+        return {
+            "tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [
+                None
+                if e["top_logprobs"] is None  # the echoed prompt's first token
+                else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                for e in entries
+            ],
+            "text_offset": offsets,
+        }
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.base | {"choices": [], "usage": usage.model_dump()}
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        return self.chunk(text, finish_reason) | {"usage": usage.model_dump()}
+    def response(
+        self, text: str, finish_reason: str, usage: Usage, logprobs: list[dict] | None = None
+    ) -> dict[str, Any]:
+        text = self.feed(text)
+        return self.chunk(text, finish_reason, logprobs) | {"usage": usage.model_dump()}

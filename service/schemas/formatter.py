@@ -14,13 +14,32 @@ class Formatter:
 
     first_chunk: dict[str, Any] | None = None  # sent before any token (the chat role delta)
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    # `logprobs`: the tokens' entries as the worker sends them (service/events.py), or None.
+    def chunk(
+        self, text: str, finish_reason: str | None, logprobs: list[dict] | None = None
+    ) -> dict[str, Any]:
         raise NotImplementedError
+
+    def feed(self, text: str) -> str:
+        """A streamed delta's text → what to send now (a formatter may hold text back)."""
+        return text
+
+    def event_logprobs(self, event: dict) -> list[dict] | None:
+        """The logprob entries an output event brings to this response (or None)."""
+        return event.get("logprobs")
+
+    def closing_chunks(
+        self, text: str, finish_reason: str, logprobs: list[dict] | None = None
+    ) -> list[dict[str, Any]]:
+        """The chunks that end a stream: its last text, with the finish reason."""
+        return [self.chunk(self.feed(text), finish_reason, logprobs)]
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         raise NotImplementedError
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    def response(
+        self, text: str, finish_reason: str, usage: Usage, logprobs: list[dict] | None = None
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
 

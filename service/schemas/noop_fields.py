@@ -2,7 +2,7 @@
 # (docs/serving.md#request-fields): nothing a client sends is silently dropped.
 #   - an unknown top-level field is a 400 naming it (the schemas forbid extras);
 #   - a field listed here is accepted only at a value that asks for nothing beyond what fleetlm
-#     does anyway (tools: [], logit_bias: {}, response_format: {"type": "text"}, min_p: 0, ...);
+#     does anyway (bad_words: [], use_beam_search: false, ...);
 #     any other value is a 400 naming the field.
 # So a client that sends such a field at its default (some SDKs and load tools always do) works,
 # and one that relies on it being honoured learns that it is not.
@@ -12,19 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-_TEXT = {"type": "text"}
-
 # name → the values that ask for nothing (compared with ==).
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    # OpenAI, both endpoints
-    "logit_bias": (None, {}),
     # OpenAI, chat
-    "top_logprobs": (None, 0),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, _TEXT),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "prediction": (None,),
@@ -33,8 +25,6 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "web_search_options": (None,),
     "store": (None, False),  # fleetlm keeps no completions for later retrieval
     # vLLM, both endpoints
-    "min_p": (None, 0),
-    "repetition_penalty": (None, 1),
     "use_beam_search": (None, False),
     "prompt_logprobs": (None, 0),
     "bad_words": (None, []),
@@ -65,17 +55,11 @@ class NoOpFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    logit_bias: Any = None
-    min_p: Any = None
-    repetition_penalty: Any = None
     use_beam_search: Any = None
     prompt_logprobs: Any = None
     bad_words: Any = None
 
     _no_op = field_validator(
-        "logit_bias",
-        "min_p",
-        "repetition_penalty",
         "use_beam_search",
         "prompt_logprobs",
         "bad_words",
@@ -83,12 +67,8 @@ class NoOpFields(BaseModel):
 
 
 class ChatNoOpFields(NoOpFields):
-    top_logprobs: Any = None
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     modalities: Any = None
     audio: Any = None
     prediction: Any = None
@@ -101,19 +81,14 @@ class ChatNoOpFields(NoOpFields):
     continue_final_message: Any = None
     chat_template: Any = None
     chat_template_kwargs: Any = None
-    # Hints with no effect to honour: without tools there is nothing to call in parallel; the
-    # prefix cache works without a routing key (per tenant); like `user`, an end-user id.
-    parallel_tool_calls: bool | None = None
+    # Hints with no effect to honour: the prefix cache works without a routing key (per
+    # tenant); like `user`, an end-user id.
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
 
     _chat_no_op = field_validator(
-        "top_logprobs",
-        "tools",
-        "tool_choice",
         "functions",
         "function_call",
-        "response_format",
         "modalities",
         "audio",
         "prediction",

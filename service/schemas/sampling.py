@@ -4,7 +4,7 @@
 # Types are strict where OpenAI's API is: "8" or true is not a max_tokens, "yes" not a stream.
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -21,8 +21,12 @@ from service.schemas.fields import (
     PositiveInt,
 )
 from service.schemas.noop_fields import NoOpFields
+from service.schemas.structured import StructuredFields
 
-MAX_STOP = 4  # OpenAI's limit; each string's length is the max_stop_chars setting
+MAX_STOP = 4
+MAX_LOGPROBS = (
+    20  # engine/logprobs.py  # OpenAI's limit; each string's length is the max_stop_chars setting
+)
 
 Stop = NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)]
 
@@ -42,7 +46,7 @@ class StreamOptions(BaseModel):
         return v
 
 
-class SamplingRequest(NoOpFields):
+class SamplingRequest(StructuredFields, NoOpFields):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
@@ -57,13 +61,21 @@ class SamplingRequest(NoOpFields):
     user: str | None = None
     metadata: Metadata | None = None
     service_tier: str | None = None  # "flex" → the batch priority; anything else → interactive
-    presence_penalty: float | None = Field(None, ge=0, le=0, description="Only 0 is supported.")
-    frequency_penalty: float | None = Field(None, ge=0, le=0, description="Only 0 is supported.")
-    logprobs: Literal[False, 0] | None = Field(None, description="Not supported.")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    # token id (as a string, OpenAI's form) -> bias added to its logit
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] | None = (
+        None
+    )
+    # Completions: how many top logprobs per token (0: the sampled token's alone); chat
+    # overrides it with a bool and `top_logprobs`.
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), AsInteger] | None = None
     # vLLM's extras
     top_k: Annotated[int, Field(ge=-1), AsInteger] | None = Field(
         None, description="-1 or 0: disabled."
     )
+    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, allow_inf_nan=False)
     min_tokens: NonNegativeInt = 0
     ignore_eos: bool = False
     stop_token_ids: list[NonNegativeInt] | None = None
@@ -105,6 +117,20 @@ class SamplingRequest(NoOpFields):
     def effective_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def bias_by_id(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(k): v for k, v in self.logit_bias.items()}
+        except ValueError:
+            raise invalid_param("logit_bias", "logit_bias keys must be token ids") from None
+
+    def engine_prompt_logprobs(self) -> int | None:
+        return None
+
     def sampling(self) -> Sampling:
         """The engine's sampling fields, as sent to the worker."""
         max_tokens = self.effective_max_tokens()
@@ -122,6 +148,14 @@ class SamplingRequest(NoOpFields):
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_output=structured[1] if (structured := self.structured_output()) else None,
+            logprobs=self.requested_logprobs(),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_p=self.min_p or 0.0,
+            logit_bias=self.bias_by_id(),
+            prompt_logprobs=self.engine_prompt_logprobs(),
         )
 
 

@@ -147,3 +147,20 @@ def worker(rds) -> Iterator[PlayedWorker]:
     yield w
     w.die()
     rds.srem(p.WORKERS_SET, w.id)
+
+
+def bad_request(app_client, key: str, body: dict, path: str = "/v1/chat/completions") -> dict:
+    """POST a generation request with `body` added to a minimal valid one; assert a 400 and
+    return its OpenAI error object."""
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    if path != "/v1/chat/completions":
+        base = {"prompt": "hi"}
+    r = app_client.post(
+        path,
+        json={"model": "tiny", **base, **body},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    return error
