@@ -15,10 +15,9 @@ if not torch.cuda.is_available():
     # One intra-op thread for what runs in the pytest process (the engine on CPU, HF models):
     # torch's default, a thread per core, spins those threads against the servers and workers
     # the tests start (and anything else on the machine). On a busy 2-core machine the HF-parity
-    # runs took 8-40 s with two threads and 0.4-1 s with one. The processes the tests start
-    # inherit the same default (a worker still sets its own, FLEETLM_TORCH_THREADS).
+    # runs took 8-40 s with two threads and 0.4-1 s with one. (A worker the tests start sets its
+    # own, FLEETLM_TORCH_THREADS.)
     torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +69,8 @@ class Shell:
         for line in self.proc.stdout:
             self.lines.put(line)
 
-    def run(self, command: str, timeout_s: float) -> Ran:
+    def run(self, command: str, timeout_s: float, serving: Callable[[], bool] | None = None) -> Ran:
+        """Runs one command; fails early once `serving` says the server it waits on is gone."""
         tag = uuid.uuid4().hex
         out, err = self.scratch / f"{tag}.out", self.scratch / f"{tag}.err"
         # Braces, not a subshell: `source` and `KEY=$(...)` must outlive the command.
@@ -77,9 +79,13 @@ class Shell:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                line = self.lines.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
-                raise AssertionError(f"no end in {timeout_s:.0f}s: {command}") from None
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no end in {timeout_s:.0f}s: {command}") from None
+                if serving is not None and not serving():
+                    raise AssertionError(f"the server exited while running: {command}") from None
+                continue
             if line.startswith(tag):
                 return Ran(int(line.split()[1]), out.read_text(), err.read_text())
 
@@ -98,6 +104,9 @@ class Session:
     console: Path
     serve: subprocess.Popen | None = None
     ready_at: float | None = None
+
+    def serving(self) -> bool:
+        return self.serve is None or self.serve.poll() is None
 
     def as_here(self, text: str) -> str:
         return text.replace(":8000", f":{self.port}")
@@ -179,7 +188,7 @@ def run_block(s: Session, block: Block) -> None:
         text = s.as_here(command.text)
         if block.lang == "python":
             text = f"python - <<'__README_PY__'\n{text}\n__README_PY__"
-        ran = s.shell.run(text, COMMAND_TIMEOUT_S)
+        ran = s.shell.run(text, COMMAND_TIMEOUT_S, s.serving)
         problems = check(command, ran)
         assigned = re.match(r"(\w+)=\$\(", command.text)
         if assigned and not s.shell.run(f'printf %s "${assigned[1]}"', 30).out:
