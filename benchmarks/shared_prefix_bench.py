@@ -10,20 +10,17 @@
 # Each a CUDA-graph replay after an L2 flush (prefill_cases.graph_time_ms); "effective TB/s" is
 # the keys' bytes as plain reads them (each row's whole context) over the time. The outputs are
 # checked against plain's. The grouping's host time is printed too.
-#   python benchmarks/shared_prefix_bench.py --json benchmarks/results/shared_prefix_h200.json
-#   TRITON_INTERPRET=1 python benchmarks/shared_prefix_bench.py --smoke   (CPU, tiny shapes)
+#   python -m benchmarks.shared_prefix_bench --json benchmarks/results/shared_prefix_h200.json
+#   TRITON_INTERPRET=1 python -m benchmarks.shared_prefix_bench --smoke   (CPU, tiny shapes)
 from __future__ import annotations
 
 import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.prefill_cases import graph_time_ms
 from engine.prefix_groups import find_prefix_groups

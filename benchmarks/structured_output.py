@@ -3,7 +3,7 @@
 # streams see while a new 100-property schema compiles (it compiles on the engine's grammar
 # thread: no step should stall). Dummy-weight presets produce noise, so the schema's values
 # are bounded enums: only the grammar keeps the output valid, and every step masks.
-#   .venv/bin/python benchmarks/structured_output.py --model llama-3.1-8b --streams 64
+#   python -m benchmarks.structured_output --model llama-3.1-8b --streams 64
 from __future__ import annotations
 
 import argparse

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.grammar import GrammarCompiler
-from engine.grammar_mask import GrammarMasks, GrammarState
 from engine.models.config import resolve_model_config
 from engine.outputs import EngineStats, RequestDelta
 from engine.overlap import OverlapSteps, Unsynced
@@ -112,9 +110,8 @@ class LLMEngine:
         self._pending: list[RequestDelta] = []  # aborted since the last step
         # Constrained decoding: grammars compile on a thread of their own, so a new schema never
         # holds up the step loop; its request joins the scheduler once its matcher is ready.
-        self.grammars = GrammarCompiler(
-            self.tokenizer, self.model_config.vocab_size, eos, config.grammar_cache_size
-        )
+        self._grammars = None  # engine.grammar.GrammarCompiler, made by the first use
+        self._eos_for_grammars = eos
         self._grammar_pool: ThreadPoolExecutor | None = None
         self._compiling: dict[str, tuple[Future, Request]] = {}
         self.last_schedule_s = 0.0
@@ -204,6 +201,8 @@ class LLMEngine:
     def _admit_compiled(self) -> None:
         """Constrained requests whose grammar is ready join the scheduler; one whose grammar
         failed to compile ends as an error (the API checks grammars first: rare here)."""
+        from engine.grammar_mask import GrammarMasks, GrammarState
+
         for request_id, (future, request) in list(self._compiling.items()):
             if not future.done():
                 continue
@@ -221,6 +220,20 @@ class LLMEngine:
                     self.grammars.tokenizer.vocab_size, self.device, self.eos_token_ids
                 )
             self.scheduler.add_request(request)
+
+    @property
+    def grammars(self):
+        """The engine's grammar compiler (engine.grammar.GrammarCompiler). Imported on first
+        use: llguidance is needed only once a constrained request comes, so an engine without
+        it (a bare GPU image) serves everything else."""
+        if self._grammars is None:
+            from engine.grammar import GrammarCompiler
+
+            self._grammars = GrammarCompiler(
+                self.tokenizer, self.model_config.vocab_size, self._eos_for_grammars,
+                self.config.grammar_cache_size,
+            )  # fmt: skip
+        return self._grammars
 
     def abort(self, request_id: str) -> bool:
         """Frees the request's KV blocks now; its final delta comes with the next step."""

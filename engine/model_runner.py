@@ -18,7 +18,6 @@ from engine.attention import AttentionMetadata, prefill_tail
 from engine.batch_builder import BatchBuilder, PreparedBatch
 from engine.config import EngineConfig
 from engine.cuda_graphs import StepGraphs
-from engine.grammar_mask import GrammarMasks
 from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget, profile_lengths
 from engine.logprobs import PromptLogprobs, StepLogprobs
 from engine.models.config import ModelConfig
@@ -99,7 +98,7 @@ class ModelRunner:
         self._step_start = None  # the open step's start event (begin_step), when collecting
         self.warmup_report: dict | None = None  # kernel_warmup.warm_up_mixed_steps, once run
         # Made by the engine when its first constrained request is admitted.
-        self.grammar_masks: GrammarMasks | None = None
+        self.grammar_masks = None  # engine.grammar_mask.GrammarMasks once a grammar is used
 
     # -- the step ------------------------------------------------------------------------
 

@@ -5,16 +5,22 @@
 #   2. the e4m3-cache decode kernel at the 70B's heads: the fp16 and fp16-bits widenings;
 #   3. the shared-prefix decode kernel against the plain one (when benchmarks/shared_prefix_bench.py
 #      exists);
-#   4. `nano` on the 70B FP8 (e4m3 KV) and on the 8B bf16, each against its roofline.
+#   4. `nano` on the 70B FP8 (e4m3 KV) against its roofline;
+#   5. structured outputs on the 8B (64 streams, with and without a JSON schema; needs the
+#      llguidance wheel carried in .whl/), then `nano` on the 8B.
 #   benchmarks/device_jobs.sh start benchmarks/jobs/final_round.sh; WAIT_S=560 ... collect
 set -u
 R=$JOBS/results
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+fi
 stamp() { echo "[$(date +%H:%M:%S)] $*"; }
 nvidia-smi -L
 timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels \
-  tests/engine/test_gpu_paths.py tests/engine/test_overlap_gpu.py tests/engine/test_fp8_tp_gpu.py \
+  tests/engine/test_gpu_paths.py tests/engine/test_overlap_gpu.py \
   ${GPU_TESTS:-} > "$R/gpu_tests.log" 2>&1
 stamp "tests rc=$?"; tail -6 "$R/gpu_tests.log"
 timeout 150 python3 -m benchmarks.decode_fp8_sweep --heads 64 --kv-heads 8 --widen fp16,fp16_bits \
@@ -33,4 +39,7 @@ nano() {  # nano NAME ARGS...
   stamp "nano $name rc=$?"; grep -E "all_at_once|roofline" "$R/nano_$name.log" | tail -3
 }
 nano 70b_fp8 --model llama-3.1-70b --quantization fp8 --kv-cache-dtype fp8
+timeout 240 python3 -m benchmarks.structured_output --model llama-3.1-8b --streams 64 \
+  --max-tokens 256 > "$R/structured_output_8b.log" 2>&1
+stamp "structured rc=$?"; tail -8 "$R/structured_output_8b.log"
 nano 8b --model llama-3.1-8b
