@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -156,7 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-groups", type=int, default=32)
     ap.add_argument("--cache", nargs="+", default=["bf16", "e4m3"])
     args = ap.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # Triton's interpreter runs on CPU tensors only (a GPU host running the smoke check too)
+    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    device = torch.device("cuda" if cuda else "cpu")
     heads = (64, 8, 128)
     if args.smoke:
         heads = (8, 2, 32)

@@ -16,7 +16,7 @@ def test_shared_prefix_bench_smoke(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/shared_prefix_bench.py", "--smoke", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.shared_prefix_bench", "--smoke", "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
