@@ -31,13 +31,6 @@ class CompletionRequest(SamplingRequest):
     suffix: Literal[""] | None = Field(None, description="Not supported.")
     best_of: OnlyOne | None = None
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported by this server; omit it or send false")
-        return v
-
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v: str | list) -> str | list[int]:

@@ -30,13 +30,6 @@ def test_echo_is_a_strict_boolean(app_client, tenant, echo):
     assert refused.json()["error"]["param"] == "echo"
 
 
-def test_echo_true_is_refused_as_not_supported(app_client, tenant):
-    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1, "echo": True}
-    refused = app_client.post("/v1/completions", headers=auth(tenant.key), json=body)
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
-    assert "not supported" in refused.json()["error"]["message"]
-
-
 def test_a_usage_range_ending_before_it_starts_is_empty(app_client, tenant):
     r = app_client.get(
         "/v1/usage", headers=auth(tenant.key), params={"start": "2026-05-02", "end": "2026-05-01"}
