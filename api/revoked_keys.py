@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from redis.asyncio import Redis
@@ -32,8 +31,9 @@ class RevokedKeys:
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # bounded: a pub/sub or pipeline cleanup that waits on a Redis that no longer
+            # answers must not hold the process's shutdown
+            await asyncio.wait({self._task}, timeout=2.0)
 
     async def _run(self) -> None:
         backoff = Backoff()

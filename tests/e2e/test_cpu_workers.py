@@ -13,6 +13,6 @@ def _whole_log(server) -> str:
 
 
 def test_serve_says_what_its_cpu_worker_uses(server):
-    said = "fleetlm: 1 CPU worker(s), 1 torch thread(s) each (FLEETLM_TORCH_THREADS)"
+    said = "1 CPU worker(s), 1 torch thread(s) each (FLEETLM_TORCH_THREADS)"
     wait_until(lambda: said in _whole_log(server), 10, "serve's line about its workers")
     assert "torch uses 1 intra-op thread(s)" in _whole_log(server)
