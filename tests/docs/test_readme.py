@@ -169,9 +169,10 @@ def check(command: Command, ran: Ran) -> list[str]:
     if command.sample.strip() and not (ran.out.strip() or ran.err.strip()):
         problems.append("no output where the README shows some")
     out = ran.out.strip()
-    if out.startswith("{"):
+    first = out.splitlines()[0] if out else ""  # a block may print several results, a line each
+    if first.startswith("{"):
         try:
-            body = json.loads(out)
+            body = json.loads(first)
         except json.JSONDecodeError:
             problems.append("output that starts like JSON but is not")
         else:
