@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from service import streams as p
 from tests.e2e.test_api_processes import api_pids
 from tests.faults.conftest import (
     completion_body,
@@ -36,6 +37,16 @@ def test_streams_of_a_killed_api_process_are_stopped_and_billed_what_was_sent(tm
         pids = wait_until(lambda: api_pids(server.proc.pid), 30, "the API process")
         threads, logs = start_streams(server, [completion_body(MAX_TOKENS)] * NUM_STREAMS)
         wait_until(lambda: all(lg.num_chunks >= 20 for lg in logs), 90, "every stream to run")
+        # and every lease rewritten since (every 0.2 s) with what its stream was sent: on an idle
+        # machine 20 tokens can stream inside one refresh, and the kill must find them recorded
+        rds = server.redis
+        wait_until(
+            lambda: all(
+                (p.delivered_of(rds.get(p.lease_key(lg.request_id))) or 0) > 0 for lg in logs
+            ),
+            30,
+            "every lease to record delivered tokens",
+        )
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         join_all(threads)
