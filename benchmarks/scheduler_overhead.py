@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 
 import torch
 
-from engine.batch_builder import BatchBuilder
-from engine.block_manager import BlockManager
-from engine.request import Priority, Request
+from engine.core.block_manager import BlockManager
+from engine.core.request import Priority, Request
+from engine.core.scheduler import Scheduler
+from engine.runner.batch_builder import BatchBuilder
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 
 
 def run_case(num_seqs: int, prompt_len: int, decode_steps: int, block_size: int = 16) -> dict:

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.config import EngineConfig
+from engine.core.request import Request
 from engine.llm_engine import LLMEngine
-from engine.request import Request
 from fleetlm.bench.engine_bench import run_workload
 from fleetlm.bench.workloads import BenchRequest
 

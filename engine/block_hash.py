@@ -53,7 +53,7 @@ def prefix_block_hashes(
     token_ids: Sequence[int], block_size: int, salt: object = None, max_blocks: int | None = None
 ) -> list[int]:
     """The hashes of a prompt's blocks that a prefix cache can serve: every full block but one
-    holding the last token, which is always computed (engine/block_manager.py)."""
+    holding the last token, which is always computed (engine/core/block_manager.py)."""
     limit = (len(token_ids) - 1) // block_size
     if max_blocks is not None:
         limit = min(limit, max_blocks)

@@ -23,7 +23,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0  # dummy-weight initialisation and unseeded sampling
     use_cuda_graphs: bool = True
-    # Compile at start-up the attention variants mixed steps reach (engine/kernel_warmup.py;
+    # Compile at start-up the attention variants mixed steps reach (engine/runner/kernel_warmup.py;
     # CUDA only), rather than in the first step that needs one (up to ~2 s on an H200).
     warm_up_kernels: bool = True
     # FP8 (docs/serving.md#fp8-and-tensor-parallelism). quantization="fp8": e4m3 weights with
@@ -54,27 +54,27 @@ class EngineConfig:
     # A request's acceptance EMA below this (scaled up with the batch, spec_policy.py) → it
     # stops drafting. None → 0.15 for n-gram lookup (free to propose), 0.35 for a draft model.
     spec_min_acceptance: float | None = None
-    # Latency-aware prefill (engine/step_cost.py): with a target, a step that carries decodes
+    # Latency-aware prefill (engine/core/step_cost.py): with a target, a step that carries decodes
     # takes only as many prefill tokens as keep its predicted time under it (None: the whole
     # max_num_batched_tokens budget may go to prefill, as without the model).
     step_time_target_s: float | None = None
     prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
     # With a target, prompts still get the tokens their deadlines need: a short interactive
     # prompt's first token is due ttft_target_s after arrival, a long one's at its length over
-    # long_prompt_tokens_per_s (engine/step_cost.py PrefillPolicy).
+    # long_prompt_tokens_per_s (engine/core/step_cost.py PrefillPolicy).
     ttft_target_s: float = 0.8
     long_prompt_tokens_per_s: float = 4000.0
     ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
-    # The order of prompt chunks in a step (engine/prefill_order.py): short prompts' before long
-    # ones' (off: interactive before batch, each in arrival order), and a long prompt's chunk
+    # The order of prompt chunks in a step (engine/core/prefill_order.py): short prompts' before
+    # long ones' (off: interactive before batch, each in arrival order), and a long prompt's chunk
     # while other requests run or wait (0: up to the whole budget).
     short_prefill_first: bool = True
     long_prefill_chunk: int = 2048
-    # Overlapped scheduling (engine/overlap.py): step N+1 is scheduled and launched before step
-    # N's sampled tokens reach the host; N+1 reads them on the device. None (auto): on for a
-    # CUDA engine without speculative decoding or tensor parallelism (measured on the H200: GPU
-    # idle between steps 12.5 % -> 1.0 %, +10 % output tok/s at 256 running), off otherwise (a
-    # CPU step is synchronous: nothing to overlap). True with either of those is refused.
+    # Overlapped scheduling (engine/runner/overlap.py): step N+1 is scheduled and launched before
+    # step N's sampled tokens reach the host; N+1 reads them on the device. None (auto): on for a
+    # CUDA engine without speculative decoding or tensor parallelism (measured on the H200: GPU idle
+    # between steps 12.5 % -> 1.0 %, +10 % output tok/s at 256 running), off otherwise (a CPU step
+    # is synchronous: nothing to overlap). True with either of those is refused.
     overlap_scheduling: bool | None = None
     # Shared-prefix decode attention (kernels/shared_prefix_decode.py, docs/serving.md): the
     # decode steps read a prompt prefix that >= 2 running rows share (the prefix cache's same

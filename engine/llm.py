@@ -5,9 +5,9 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 from engine.config import EngineConfig
+from engine.core.request import Priority
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestDelta
-from engine.request import Priority
 from engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]

@@ -1,6 +1,6 @@
 # The streaming engine the worker drives: add_request / step / abort / stats. Each step
 # schedules, runs one forward pass, samples, detokenizes and returns one delta per request that
-# produced tokens or finished. With overlap_scheduling (engine/overlap.py) a step is launched
+# produced tokens or finished. With overlap_scheduling (engine/runner/overlap.py) a step is launched
 # before the previous one's tokens are on the host, and its tokens come back one step later.
 from __future__ import annotations
 
@@ -10,25 +10,25 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.core.block_manager import BlockManager
+from engine.core.prefill_order import PrefillOrder
+from engine.core.request import Priority, Request, RequestStatus
+from engine.core.request_intake import new_request
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.step_cost import PrefillPolicy
+from engine.core.step_outputs import flush_text, new_tokens_delta, request_delta
 from engine.models.config import resolve_model_config
 from engine.outputs import EngineStats, RequestDelta
-from engine.overlap import OverlapSteps, Unsynced
-from engine.prefill_order import PrefillOrder
-from engine.request import Priority, Request, RequestStatus
-from engine.request_intake import new_request
-from engine.runner_setup import build_runner, resolve_device, resolve_dtype
-from engine.sampler import HostCopy
+from engine.parallel.tp_followers import start_tensor_parallel
+from engine.runner.overlap import OverlapSteps, Unsynced
+from engine.runner.runner_setup import build_runner, resolve_device, resolve_dtype
+from engine.runner.step_trace import StepTrace
+from engine.sampling.sampler import HostCopy
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.spec_ngram import NgramProposer
-from engine.spec_policy import Speculator
-from engine.step_cost import PrefillPolicy
-from engine.step_outputs import flush_text, new_tokens_delta, request_delta
-from engine.step_trace import StepTrace
+from engine.spec.ngram import NgramProposer
+from engine.spec.policy import Speculator
 from engine.tokenizer import Tokenizer
-from engine.tp_followers import start_tensor_parallel
 from kernels import compile_counter
 
 
@@ -154,7 +154,7 @@ class LLMEngine:
     def enable_step_trace(
         self, capacity: int = 1 << 18, extra_fields: tuple[str, ...] = ()
     ) -> StepTrace:
-        """Record every step (engine/step_trace.py); on CUDA also its GPU interval."""
+        """Record every step (engine/runner/step_trace.py); on CUDA also its GPU interval."""
         self.step_trace = StepTrace(capacity, extra_fields)
         if self.device.type == "cuda":
             self.runner.step_events = []
@@ -201,7 +201,7 @@ class LLMEngine:
     def _admit_compiled(self) -> None:
         """Constrained requests whose grammar is ready join the scheduler; one whose grammar
         failed to compile ends as an error (the API checks grammars first: rare here)."""
-        from engine.grammar_mask import GrammarMasks, GrammarState
+        from engine.sampling.grammar_mask import GrammarMasks, GrammarState
 
         for request_id, (future, request) in list(self._compiling.items()):
             if not future.done():

@@ -29,7 +29,7 @@ class RequestDelta:
     first_scheduled_time: float | None
     first_token_time: float | None
     finish_time: float | None
-    # engine.logprobs.TokenLogprob per new token, when the request asked for logprobs
+    # engine.sampling.logprobs.TokenLogprob per new token, when the request asked for logprobs
     logprobs: list[Any] | None = None
     # With its first tokens, when asked: TokenLogprob per prompt token after the first
     prompt_logprobs: list[Any] | None = None
@@ -49,7 +49,7 @@ class CompletionOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finish_time: float | None = None
-    logprobs: list[Any] | None = None  # engine.logprobs.TokenLogprob per token, when asked
+    logprobs: list[Any] | None = None  # engine.sampling.logprobs.TokenLogprob per token, when asked
     prompt_logprobs: list[Any] | None = None  # per prompt token after the first, when asked
 
     def apply(self, delta: RequestDelta) -> None:

@@ -1,9 +1,9 @@
 # Counts Triton JIT compilations in this process. Every new specialization of a kernel (another
-# constexpr tile size, another dtype, another pointer alignment) compiles once, on the thread
-# that launches it: 0.1-2 s for an attention kernel on the H200's host, during which the GPU
-# runs dry and every running request's next token waits. The engine compiles the variants it
-# can reach at start-up (engine/kernel_warmup.py); a compile after that is a stall in serving,
-# so the step trace and the worker's metrics report them (fleetlm:kernel_compiles_total).
+# constexpr tile size, another dtype, another pointer alignment) compiles once, on the thread that
+# launches it: 0.1-2 s for an attention kernel on the H200's host, during which the GPU runs dry and
+# every running request's next token waits. The engine compiles the variants it can reach at
+# start-up (engine/runner/kernel_warmup.py); a compile after that is a stall in serving, so the step
+# trace and the worker's metrics report them (fleetlm:kernel_compiles_total).
 #
 # Triton calls jit_cache_hook before it compiles a variant missing from its in-memory cache and
 # jit_post_compile_hook after (a variant found in the on-disk cache goes through both, fast).

@@ -1,7 +1,7 @@
 # Decode attention for rows that share a prefix of cache blocks (a shared system prompt): the
 # prefix's K/V is read once per group of sequences, not once per sequence.
 #   q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale: as paged_decode_attention
-#   groups (PrefixGroups, device tensors built on the host by engine/prefix_groups.py):
+#   groups (PrefixGroups, device tensors built on the host by engine/core/prefix_groups.py):
 #     rows:        [num_groups, max_rows] int32, the sequences of each group, -1 = empty slot;
 #                  a padding group is all -1
 #     prefix_lens: [num_groups] int32, keys [0, prefix_len) every row of the group shares (its
@@ -68,7 +68,7 @@ class PrefixGroups:
 
     @classmethod
     def from_host(cls, rows, prefix_lens, key_start, device: torch.device) -> "PrefixGroups":
-        """From host int32 arrays (numpy or torch), e.g. engine/prefix_groups.py's."""
+        """From host int32 arrays (numpy or torch), e.g. engine/core/prefix_groups.py's."""
         return cls(*(torch.as_tensor(a).to(device) for a in (rows, prefix_lens, key_start)))
 
 

@@ -193,4 +193,4 @@ def test_the_checker_sees_imports_inside_functions_and_skips_type_checking_block
     # Ground truth for the checker itself, on modules whose imports are known.
     assert "engine.config" in imports_of("service.settings")  # inside engine_config()
     assert not {i for i in imports_of("engine") if room_of(i) == "engine"}  # TYPE_CHECKING only
-    assert "torch" in imports_of("engine.model_runner")
+    assert "torch" in imports_of("engine.runner.model_runner")

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine import LLMEngine
-from engine.request import Priority
+from engine.core.request import Priority
 from service.settings import Settings
 from workers.load_report import LoadReport
 from workers.step_prices import StepPrices

@@ -4,7 +4,7 @@
 # yet started will take (published in the worker's stats for the API's admission,
 # api/load_shedding.py).
 #
-# The model is engine/step_cost.py's (a fixed cost, decode rows and their context, prefill
+# The model is engine/core/step_cost.py's (a fixed cost, decode rows and their context, prefill
 # tokens and their attention pairs), fit here on whole loop turns rather than on the engine's
 # step alone: a client waits for the turn, host work and the Redis round trip included (on a
 # CPU worker the step is only ~60 % of it). It prices the model actually loaded, measured on the
@@ -13,7 +13,7 @@
 # tokens-per-second rate (workers/load_report.py).
 from __future__ import annotations
 
-from engine.step_cost import StepCostModel, StepFeatures, chunk_pairs
+from engine.core.step_cost import StepCostModel, StepFeatures, chunk_pairs
 
 # A fit every 16 turns over the last 1,024: a fresh worker is priced after its first second or
 # two of work. The long window keeps the shape (what a row, a context token, a prompt token add)

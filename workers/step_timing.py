@@ -1,4 +1,4 @@
-# The worker's per-step timing: the engine's step trace (engine/step_trace.py) plus what the
+# The worker's per-step timing: the engine's step trace (engine/runner/step_trace.py) plus what the
 # worker does around each step — its Redis round trip (built and sent while the step is on the
 # GPU), applying what it read (cancels, admissions), the whole loop turn, and time spent in
 # Python's garbage collector. `fleetlm bench serve` lines these rows up with the bare engine's.

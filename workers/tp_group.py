@@ -1,8 +1,8 @@
-# Workers as tensor-parallel groups. A worker process is rank 0 of its group: it alone speaks
-# to Redis (heartbeat, queues, stats, metrics, drain, metering), and its engine starts and stops
-# ranks 1..N-1 itself (engine/tp_followers.py), so a group is one worker everywhere outside the
-# engine. `fleetlm serve` gives each group N GPUs through CUDA_VISIBLE_DEVICES; inside a group
-# rank r uses the r-th visible GPU.
+# Workers as tensor-parallel groups. A worker process is rank 0 of its group: it alone speaks to
+# Redis (heartbeat, queues, stats, metrics, drain, metering), and its engine starts and stops ranks
+# 1..N-1 itself (engine/parallel/tp_followers.py), so a group is one worker everywhere outside the
+# engine. `fleetlm serve` gives each group N GPUs through CUDA_VISIBLE_DEVICES; inside a group rank
+# r uses the r-th visible GPU.
 from __future__ import annotations
 
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine import ops
+from engine.models import ops
 from engine.models.fp8 import fp8_linear, quantize_weight
 from engine.models.quant_config import Fp8Scheme
-from engine.tensor_parallel import SINGLE, TensorParallel
+from engine.parallel.tensor_parallel import SINGLE, TensorParallel
 from kernels.fp8_quant import FP8_DTYPE
 
 # A checkpoint tensor, read lazily: read(rows, cols) → the slice on the model's device.

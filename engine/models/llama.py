@@ -14,13 +14,13 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from engine import ops
-from engine.attention import AttentionMetadata, paged_attention
+from engine.models import ops
 from engine.models.config import ModelConfig
 from engine.models.linear import ColumnParallelLinear, RowParallelLinear
 from engine.models.quant_config import Fp8Scheme
 from engine.models.vocab_parallel import VocabParallelEmbedding
-from engine.tensor_parallel import SINGLE, TensorParallel
+from engine.parallel.tensor_parallel import SINGLE, TensorParallel
+from engine.runner.attention import AttentionMetadata, paged_attention
 
 # (HF module prefix, its HF part names) → the FP8 scheme of the layer holding them, or None.
 Fp8For = Callable[..., Fp8Scheme | None]

@@ -16,7 +16,7 @@ from engine.models.fp8 import quantize_weight
 from engine.models.linear import Linear, Source
 from engine.models.llama import LlamaAttention, LlamaForCausalLM
 from engine.models.quant_config import Fp8Scheme
-from engine.tensor_parallel import SINGLE, TensorParallel
+from engine.parallel.tensor_parallel import SINGLE, TensorParallel
 
 # Checkpoint tensors that fleetlm does not use.
 # (output_scale / kv_scale: older FP8 KV-cache scales; the FP8 KV cache uses k_scale/v_scale.)

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import ops
+from engine.models import ops
 from engine.models.linear import Source
-from engine.tensor_parallel import SINGLE, TensorParallel
+from engine.parallel.tensor_parallel import SINGLE, TensorParallel
 
 
 class VocabParallelEmbedding(nn.Module):

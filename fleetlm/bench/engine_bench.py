@@ -26,8 +26,8 @@ def run_workload(
     """Replay `requests` at their arrival offsets (a request joins at the first step boundary
     after its arrival) and report on the whole run; with keep_records, the per-request records
     (fleetlm.bench.latency) and the step trace's columns come back too."""
+    from engine.runner.step_trace import gpu_idle_between_steps
     from engine.sampling_params import SamplingParams
-    from engine.step_trace import gpu_idle_between_steps
 
     trace = engine.enable_step_trace()
     stats0 = engine.stats()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.step_trace import summarize_steps
+from engine.runner.step_trace import summarize_steps
 from fleetlm.bench.fleet_stats import FleetStats, fleet_delta
 from fleetlm.bench.fleet_stats import one_line as fleet_line
 from fleetlm.bench.latency import RequestRecord, Targets, summarize

@@ -24,9 +24,9 @@ from service.schemas.noop_fields import NoOpFields
 from service.schemas.structured import StructuredFields
 
 MAX_STOP = 4
-MAX_LOGPROBS = (
-    20  # engine/logprobs.py  # OpenAI's limit; each string's length is the max_stop_chars setting
-)
+# OpenAI's limit on top_logprobs (engine/sampling/logprobs.py); each stop string's length is
+# the max_stop_chars setting.
+MAX_LOGPROBS = 20
 
 Stop = NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)]
 

@@ -1,6 +1,6 @@
-# Graph pieces (engine/piecewise_graphs.py) on a CPU runner, run eagerly through their static
+# Graph pieces (engine/runner/piecewise_graphs.py) on a CPU runner, run eagerly through their static
 # buffers, recording the token count of every step that went through them.
-from engine.piecewise_graphs import PiecewiseGraphs
+from engine.runner.piecewise_graphs import PiecewiseGraphs
 
 
 def attach_counting_pieces(runner, max_tokens: int, bucket_step: int) -> list[int]:

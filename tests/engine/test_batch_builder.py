@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.batch_builder import BatchBuilder
-from engine.prefix_groups import PrefixGroupLimits
-from engine.request import Priority, Request
-from engine.scheduler import SchedulerOutput
+from engine.core.prefix_groups import PrefixGroupLimits
+from engine.core.request import Priority, Request
+from engine.core.scheduler import SchedulerOutput
+from engine.runner.batch_builder import BatchBuilder
 
 BLOCK = 4
 
@@ -90,7 +90,7 @@ def test_no_groups_without_limits_or_sharing():
 
 def test_shared_prefix_decode_config():
     from engine.config import EngineConfig
-    from engine.prefix_groups import shared_prefix_limits
+    from engine.core.prefix_groups import shared_prefix_limits
 
     assert shared_prefix_limits(EngineConfig(model="tiny")) is None
     limits = shared_prefix_limits(

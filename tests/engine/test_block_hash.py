@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from engine.block_hash import extend_block_hashes, hash_block, prefix_block_hashes
-from engine.block_manager import BlockManager
-from engine.request import Priority, Request
+from engine.core.block_manager import BlockManager
+from engine.core.request import Priority, Request
 from engine.sampling_params import SamplingParams
 from tests.e2e.conftest import ROOT
 

@@ -1,5 +1,5 @@
-from engine.block_manager import BlockManager
-from engine.request import Priority, Request
+from engine.core.block_manager import BlockManager
+from engine.core.request import Priority, Request
 from engine.sampling_params import SamplingParams
 
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.attention import AttentionMetadata
 from engine.models.fp8 import dequantize_weight
 from engine.models.linear import Linear
+from engine.runner.attention import AttentionMetadata
 from tests.fp8_checkpoints import write_fp8_checkpoint
 from tests.hf_models import FAMILIES, VOCAB, build_hf_model
 

@@ -20,7 +20,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_ops_fast_path_matches_reference(dtype, tol):
-    from engine import ops
+    from engine.models import ops
 
     torch.manual_seed(0)
     x = torch.randn(37, 256, device="cuda", dtype=dtype)
@@ -129,7 +129,7 @@ def test_paged_attention_prefill_paths_match_reference(cache_dtype, rotary):
     # and a later chunk (dense over the chunk, paged over the prefix); an FP8 cache keeps the
     # paged extend kernel; q and k rotated beforehand or by the kernel that writes the cache.
     # Against the CPU path (torch references), bf16 tolerance.
-    from engine.attention import AttentionMetadata, paged_attention
+    from engine.runner.attention import AttentionMetadata, paged_attention
 
     g = torch.Generator().manual_seed(11)
     H, Hkv, D, bs = 32, 8, 128, 16
@@ -185,7 +185,7 @@ def test_paged_attention_prefill_paths_match_reference(cache_dtype, rotary):
 def test_no_kernel_compiles_after_start_up_warm_up(model_dir, shared_prefix):
     # Mixed steps of every shape (prompts of 1 to ~600 tokens, half behind a cached prefix,
     # chunked by a small budget, beside decodes of growing context) must find every attention
-    # variant compiled by the start-up warm-up (engine/kernel_warmup.py), with shared-prefix
+    # variant compiled by the start-up warm-up (engine/runner/kernel_warmup.py), with shared-prefix
     # decode (the decodes behind the cached system prompt form groups) too.
     from kernels import compile_counter
 

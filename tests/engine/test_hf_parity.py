@@ -93,7 +93,7 @@ def test_mixed_priorities_keep_outputs(family_case):
 
 
 def test_piecewise_graph_pieces_keep_outputs(family_case):
-    # Steps with prompt chunks through the per-layer pieces (engine/piecewise_graphs.py), run
+    # Steps with prompt chunks through the per-layer pieces (engine/runner/piecewise_graphs.py), run
     # eagerly through the same static buffers on the CPU: padding to a bucket must not change
     # a token. Small chunks make most steps mixed; buckets of 16, 32 and 48 tokens (a step ladder).
     from tests.engine.counting_pieces import attach_counting_pieces

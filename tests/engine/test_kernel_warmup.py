@@ -1,4 +1,4 @@
-# Start-up warm-up of the mixed-step kernel variants (engine/kernel_warmup.py): the synthetic
+# Start-up warm-up of the mixed-step kernel variants (engine/runner/kernel_warmup.py): the synthetic
 # steps reach every chunk-length tier with and without a cached prefix and every decode split
 # count, are packed as real steps are, and running them (both forward paths) writes nothing to
 # the KV pool and changes no later output. On the CPU the kernels are the torch twins; the GPU
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.kernel_warmup import (
+from engine.runner.kernel_warmup import (
     CACHED_PREFIX,
     CHUNK_LENS,
     DECODE_CONTEXT,

@@ -1,14 +1,14 @@
-# logit_bias, the penalties and min_p in the batched sampler (engine/logit_adjust.py,
-# engine/sampler.py) against a per-row reference written from their definitions; a mixed batch
-# leaves the rows that ask for nothing untouched; through the engine, a bias forces its token.
+# logit_bias, the penalties and min_p in the batched sampler (engine/sampling/logit_adjust.py,
+# engine/sampling/sampler.py) against a per-row reference written from their definitions; a mixed
+# batch leaves the rows that ask for nothing untouched; through the engine, a bias forces its token.
 from __future__ import annotations
 
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.request import Priority, Request
-from engine.sampler import SamplingBatch, sample, target_probs
+from engine.core.request import Priority, Request
+from engine.sampling.sampler import SamplingBatch, sample, target_probs
 
 VOCAB = 40
 

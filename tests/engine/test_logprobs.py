@@ -1,5 +1,5 @@
-# Sampled-token logprobs (engine/logprobs.py) against HF transformers' log-softmax of the same
-# checkpoint (float32, CPU): the value of every generated token and the top-k ranks agree; the
+# Sampled-token logprobs (engine/sampling/logprobs.py) against HF transformers' log-softmax of the
+# same checkpoint (float32, CPU): the value of every generated token and the top-k ranks agree; the
 # numbers do not depend on the sampling knobs (they are the model's own distribution), and
 # overlapped scheduling reports the same ones.
 from __future__ import annotations

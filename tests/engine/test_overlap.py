@@ -1,4 +1,4 @@
-# Overlapped scheduling (engine/overlap.py) must not change what any request gets: the same
+# Overlapped scheduling (engine/runner/overlap.py) must not change what any request gets: the same
 # tokens, text, finish reasons and billed tokens as the plain engine, across staggered arrivals,
 # stop strings, EOS, stop ids, max_tokens, aborts, preemption and prefix caching; and no KV
 # block may leak.
@@ -6,7 +6,7 @@ import pytest
 
 from engine import LLMEngine
 from engine.config import EngineConfig
-from engine.request import PENDING_TOKEN
+from engine.core.request import PENDING_TOKEN
 from tests.engine.overlap_workload import drive, pick_eos, plan, with_endings
 from tests.hf_models import EOS_ID, build_hf_model
 

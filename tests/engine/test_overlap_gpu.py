@@ -8,7 +8,7 @@ import pytest
 
 from engine import LLMEngine
 from engine.config import EngineConfig
-from engine.step_trace import gpu_idle_between_steps
+from engine.runner.step_trace import gpu_idle_between_steps
 from tests.engine.overlap_workload import drive, pick_eos, plan, with_endings
 from tests.hf_models import EOS_ID, build_hf_model
 

@@ -1,12 +1,12 @@
-# The token-count buckets of the mixed steps' graph pieces (engine/piecewise_graphs.py): powers
-# of two by default; with a step, powers of two up to it and then every multiple of it, always
-# ending at max_tokens, so a step pads to the next bucket and never past the largest.
+# The token-count buckets of the mixed steps' graph pieces (engine/runner/piecewise_graphs.py):
+# powers of two by default; with a step, powers of two up to it and then every multiple of it,
+# always ending at max_tokens, so a step pads to the next bucket and never past the largest.
 import itertools
 
 import pytest
 
 from engine.config import EngineConfig
-from engine.piecewise_graphs import bucket_ladder
+from engine.runner.piecewise_graphs import bucket_ladder
 
 
 def test_step_zero_gives_powers_of_two():

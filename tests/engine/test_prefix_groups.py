@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from engine.prefix_groups import find_prefix_groups
+from engine.core.prefix_groups import find_prefix_groups
 
 BS = 16
 

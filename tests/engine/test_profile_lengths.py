@@ -1,6 +1,6 @@
 import pytest
 
-from engine.kv_cache import profile_lengths
+from engine.core.kv_cache import profile_lengths
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from engine.request import Priority, Request
-from engine.sampler import SamplingBatch, sample
+from engine.core.request import Priority, Request
+from engine.sampling.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 
 

@@ -1,14 +1,14 @@
-# Decode CUDA graphs with shared-prefix decode (engine/cuda_graphs.py): a step that carries
+# Decode CUDA graphs with shared-prefix decode (engine/runner/cuda_graphs.py): a step that carries
 # prefix groups replays the grouped graph with the groups copied into its static buffers (the
 # unused group slots emptied, padding rows' key_start 0); a step without groups replays the
 # plain one. On the CPU replay runs the same static-buffer path eagerly, so the layout is
 # checked here; tests/engine/test_gpu_paths.py compares the text on a GPU.
 import torch
 
-from engine.batch_builder import BatchBuilder
-from engine.cuda_graphs import GRAPH_PREFIX_SPLITS, StepGraphs
-from engine.prefix_groups import PrefixGroupLimits
-from engine.scheduler import SchedulerOutput
+from engine.core.prefix_groups import PrefixGroupLimits
+from engine.core.scheduler import SchedulerOutput
+from engine.runner.batch_builder import BatchBuilder
+from engine.runner.cuda_graphs import GRAPH_PREFIX_SPLITS, StepGraphs
 from tests.engine.test_batch_builder import BLOCK, _sharing
 
 LIMITS = PrefixGroupLimits(min_blocks=2, max_blocks=64, max_groups=4, max_rows=4)

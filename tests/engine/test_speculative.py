@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
-from engine.spec_ngram import NgramIndex, propose_ngram
-from engine.spec_verify import rejection_sample
+from engine.spec.ngram import NgramIndex, propose_ngram
+from engine.spec.verify import rejection_sample
 from tests.hf_models import FAMILIES, VOCAB, build_hf_model
 
 NEW_TOKENS = 24

@@ -1,4 +1,4 @@
-# The latency-aware prefill budget (engine/step_cost.py): the online cost model recovers a
+# The latency-aware prefill budget (engine/core/step_cost.py): the online cost model recovers a
 # synthetic step-time function, the allowance keeps the predicted step under the target, and
 # the scheduler chunks prompts by it while decodes run — except for a short interactive prompt
 # that has waited too long, which gets the whole step.
@@ -9,7 +9,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
-from engine.step_cost import PrefillPolicy, StepCostModel, StepFeatures, chunk_pairs
+from engine.core.step_cost import PrefillPolicy, StepCostModel, StepFeatures, chunk_pairs
 
 # A synthetic machine: 4 ms fixed, 20 ms more for an eager (prefill) step, 30 µs per decode
 # row, 2 ns per context token read, 12 µs per prefill token, 1 ns per attention pair.
@@ -127,7 +127,7 @@ def test_without_a_target_or_a_fit_nothing_changes():
 
 class _Req:
     def __init__(self, prompt: int, computed: int = 0, age_s: float = 0.0, batch: bool = False):
-        from engine.request import Priority
+        from engine.core.request import Priority
 
         self.priority = Priority.BATCH if batch else Priority.INTERACTIVE
         self.num_prompt_tokens = prompt

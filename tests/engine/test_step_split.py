@@ -7,7 +7,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
-from engine.step_trace import summarize_steps
+from engine.runner.step_trace import summarize_steps
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.grammar_mask import GrammarMasks
-from engine.request import Priority, Request
+from engine.core.request import Priority, Request
+from engine.sampling.grammar_mask import GrammarMasks
 from engine.sampling_params import StructuredOutput
 from tests.hf_models import build_hf_model
 

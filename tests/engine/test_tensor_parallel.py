@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.tensor_parallel import TensorParallel
+from engine.parallel.tensor_parallel import TensorParallel
 from tests.hf_models import FAMILIES, VOCAB, build_hf_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

@@ -181,7 +181,7 @@ def variants(dt: str = "bf16"):
                 warps, stages,
             )  # fmt: skip
         # shared-prefix decode's prefix kernel at the engine's 16 rows a group
-        rows = 16  # engine/prefix_groups.py: MAX_ROWS
+        rows = 16  # engine/core/prefix_groups.py: MAX_ROWS
         block_m = max(16, pda.next_power_of_2(rows * group))
         p_block_n, p_warps, p_stages = spd.prefix_launch(block_m, head_dim)
         if kv_fp8:

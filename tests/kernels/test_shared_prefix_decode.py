@@ -147,9 +147,9 @@ def test_rejects_too_many_splits():
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8_DTYPE])
 def test_groups_found_from_block_tables_give_plain_attention(cache_dtype):
-    # engine/prefix_groups.py's grouping of real shared tables, fed to the kernel as a fixed
+    # engine/core/prefix_groups.py's grouping of real shared tables, fed to the kernel as a fixed
     # bucket (more group slots than groups): same output as attention over each row's table.
-    from engine.prefix_groups import find_prefix_groups
+    from engine.core.prefix_groups import find_prefix_groups
 
     g = gen(11)
     seq_lens = [90, 70, 0, 81, 66, 35, 100, 50]

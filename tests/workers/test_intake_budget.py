@@ -8,7 +8,7 @@ import random
 
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
-from engine.step_cost import StepFeatures, chunk_pairs
+from engine.core.step_cost import StepFeatures, chunk_pairs
 from service.settings import Settings
 from workers.intake_budget import intake_budget
 from workers.load_report import LoadReport

@@ -1,4 +1,4 @@
-# The GPU worker with overlapped scheduling (engine/overlap.py): its loop drives the engine's
+# The GPU worker with overlapped scheduling (engine/runner/overlap.py): its loop drives the engine's
 # schedule / launch / step_done / finish split unchanged, so a request streams to its end and a
 # cancel stops it, with the tokens streamed exactly the tokens billed. The package's worker is
 # switched to the mode while idle and back afterwards.

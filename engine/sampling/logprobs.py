@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.request import Request
-from engine.sampler import HostCopy
+from engine.core.request import Request
+from engine.sampling.sampler import HostCopy
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound
 
@@ -72,7 +72,7 @@ class PromptLogprobs:
     the prompt chunks of requests that asked, the logprob of each next prompt token, from the
     hidden states the step computed anyway; recorded on request.prompt_logprobs at collect.
     Entry i is prompt token i + 1's (the first token has none). Such requests skip the prefix
-    cache (engine/request_intake.py), so every prompt position is computed once."""
+    cache (engine/core/request_intake.py), so every prompt position is computed once."""
 
     def __init__(self, hidden_rows: list[int], targets: list[int], owners: list[Request]):
         self.hidden_rows = hidden_rows  # rows of the step's hidden states, one per entry

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine.request import Request
+from engine.core.request import Request
 
 
 def propose_ngram(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> list[int]:

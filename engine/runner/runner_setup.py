@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.kernel_warmup import warm_up_mixed_steps
-from engine.model_runner import ModelRunner
 from engine.models.config import PRESETS, ModelConfig
-from engine.tensor_parallel import SINGLE, TensorParallel
+from engine.parallel.tensor_parallel import SINGLE, TensorParallel
+from engine.runner.kernel_warmup import warm_up_mixed_steps
+from engine.runner.model_runner import ModelRunner
 
 _DTYPES = {
     "float32": torch.float32,

@@ -36,9 +36,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.batch_builder import PreparedBatch
-from engine.prefix_groups import PrefixGroupLimits
+from engine.core.prefix_groups import PrefixGroupLimits
+from engine.runner.attention import AttentionMetadata
+from engine.runner.batch_builder import PreparedBatch
 
 # (input_ids [T], positions [T], meta) -> hidden [T, hidden_size]
 StepForward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]

@@ -1,6 +1,6 @@
 # The processes of a tensor-parallel engine. The engine's own process is rank 0 (scheduler,
 # sampling, the caller's API); start_tensor_parallel() starts ranks 1..N-1 as child processes
-# (`python -m engine.tp_followers`), each building its shard of the model through the same
+# (`python -m engine.parallel.tp_followers`), each building its shard of the model through the same
 # build_runner and then following rank 0's steps (ModelRunner.follow). Liveness both ways:
 #   a follower that exits while the group runs takes rank 0 down (its next collective would
 #   wait forever), so a supervisor restarts the whole group;
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.tensor_parallel import SINGLE, TensorParallel, init_tensor_parallel
+from engine.parallel.tensor_parallel import SINGLE, TensorParallel, init_tensor_parallel
 
 log = logging.getLogger("fleetlm.engine")
 PARENT_POLL_S = 1.0
@@ -56,7 +56,7 @@ class Followers:
 
     def _spawn(self, config: EngineConfig, rank: int, env: dict[str, str]) -> subprocess.Popen:
         argv = [
-            sys.executable, "-m", "engine.tp_followers", "--rank", str(rank),
+            sys.executable, "-m", "engine.parallel.tp_followers", "--rank", str(rank),
             "--size", str(self.size), "--port", str(self.port), "--parent-pid", str(os.getpid()),
             "--threads", str(self.threads),
             "--config", json.dumps(dataclasses.asdict(config)),
@@ -127,7 +127,7 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from engine.models.config import resolve_model_config
-    from engine.runner_setup import build_runner, resolve_device, resolve_dtype
+    from engine.runner.runner_setup import build_runner, resolve_device, resolve_dtype
 
     p = argparse.ArgumentParser(description="a tensor-parallel follower rank (internal)")
     p.add_argument("--rank", type=int, required=True)

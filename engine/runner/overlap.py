@@ -34,11 +34,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from engine.core.request import PENDING_TOKEN, Priority, Request, RequestStatus
+from engine.core.step_cost import StepFeatures
+from engine.core.step_outputs import new_tokens_delta
 from engine.outputs import RequestDelta
-from engine.request import PENDING_TOKEN, Priority, Request, RequestStatus
-from engine.sampler import HostCopy
-from engine.step_cost import StepFeatures
-from engine.step_outputs import new_tokens_delta
+from engine.sampling.sampler import HostCopy
 
 
 @dataclass(slots=True)

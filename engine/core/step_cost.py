@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.request import Priority
+from engine.core.request import Priority
 
 NUM_FEATURES = 6
 

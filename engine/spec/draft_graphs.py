@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.cuda_graphs import capture_graph, capture_sizes
-from engine.request import Request
+from engine.core.request import Request
+from engine.runner.cuda_graphs import capture_graph, capture_sizes
 
 if TYPE_CHECKING:
-    from engine.spec_draft import DraftProposer
+    from engine.spec.draft import DraftProposer
 
 
 class DraftChainGraphs:

@@ -36,10 +36,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
-from engine.request import Request
+from engine.core.request import Request
 
 if TYPE_CHECKING:  # the scheduler imports this module
-    from engine.scheduler import SchedulerOutput
+    from engine.core.scheduler import SchedulerOutput
 
 ALPHA = 0.1
 PROBE_INTERVAL = 16

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from engine.block_hash import extend_block_hashes
-from engine.request import Request
+from engine.core.request import Request
 
 
 class KVBlock:

@@ -27,7 +27,7 @@ class Priority(enum.IntEnum):
         return cls(value)
 
 
-# Overlapped scheduling (engine/overlap.py): the last token of a request whose step is on the
+# Overlapped scheduling (engine/runner/overlap.py): the last token of a request whose step is on the
 # device and not yet back on the host. The next step's batch reads the real id on the device.
 PENDING_TOKEN = -1
 
@@ -116,12 +116,14 @@ class Request:
         self.error: str | None = None
         self.generator: Any = None  # torch.Generator for seeded sampling, made by the runner
         self.detokenizer: Any = None
-        # Constrained decoding: engine.grammar_mask.GrammarState once its grammar is compiled.
+        # Constrained decoding: engine.sampling.grammar_mask.GrammarState once its grammar is
+        # compiled.
         self.grammar: Any = None
-        # engine.logprobs.TokenLogprob of the token the last collected step sampled (logprobs on)
+        # engine.sampling.logprobs.TokenLogprob of the token the last collected step sampled
+        # (logprobs on)
         self.step_logprobs: Any = None
-        # engine.logprobs.TokenLogprob per prompt token after the first, when asked ([] until
-        # computed); sent once, with the request's first delta that has tokens.
+        # engine.sampling.logprobs.TokenLogprob per prompt token after the first, when asked ([]
+        # until computed); sent once, with the request's first delta that has tokens.
         self.prompt_logprobs: list[Any] | None = None
         self.prompt_logprobs_sent = False
         # Speculative decoding. Drafts are scheduled and scored but never part of token_ids:

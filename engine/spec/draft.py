@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.kv_cache import allocate_kv_caches, bytes_per_block
+from engine.core.kv_cache import allocate_kv_caches, bytes_per_block
+from engine.core.request import Request
 from engine.models.config import PRESETS, ModelConfig, resolve_model_config
 from engine.models.loader import build_model
 from engine.models.rope import cos_sin_cache
-from engine.request import Request
+from engine.runner.attention import AttentionMetadata
 
 
 class DraftProposer:
@@ -86,7 +86,7 @@ class DraftProposer:
         pass  # needs the slots the scheduler reserves: proposes in propose()
 
     def capture_graphs(self, k: int, max_num_seqs: int, max_model_len: int, pool=None):
-        from engine.draft_graphs import DraftChainGraphs
+        from engine.spec.draft_graphs import DraftChainGraphs
 
         self.graphs = DraftChainGraphs(self, k, max_num_seqs, max_model_len)
         return self.graphs.capture(pool)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.block_manager import BlockManager
-from engine.request import Priority, Request
+from engine.core.block_manager import BlockManager
+from engine.core.request import Priority, Request
 
 
 @dataclass(frozen=True, slots=True)

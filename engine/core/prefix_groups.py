@@ -1,5 +1,5 @@
 # Finds the decode rows that share their leading KV-cache blocks (the prefix cache hands
-# requests with the same prompt prefix the same physical block ids: engine/block_manager.py),
+# requests with the same prompt prefix the same physical block ids: engine/core/block_manager.py),
 # for kernels/shared_prefix_decode.py. Host-side numpy, vectorised, no Python loop over rows.
 #
 # A prefix-cache block's hash chains its parent's, so two rows holding the same block id in
@@ -29,7 +29,7 @@ MAX_PREFIX_TOKENS = 8192
 
 @dataclass(slots=True)
 class PrefixGroupLimits:
-    """find_prefix_groups' bounds, in blocks and rows (engine/batch_builder.py passes them)."""
+    """find_prefix_groups' bounds, in blocks and rows (runner/batch_builder.py passes them)."""
 
     min_blocks: int  # shortest shared prefix worth a group
     max_blocks: int  # a longer shared prefix is capped (the rest goes to the suffix pass)

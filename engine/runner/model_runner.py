@@ -14,24 +14,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata, prefill_tail
-from engine.batch_builder import BatchBuilder, PreparedBatch
 from engine.config import EngineConfig
-from engine.cuda_graphs import StepGraphs
-from engine.kv_cache import allocate_kv_caches, num_blocks_from_budget, profile_lengths
-from engine.logprobs import PromptLogprobs, StepLogprobs
+from engine.core.kv_cache import allocate_kv_caches, num_blocks_from_budget, profile_lengths
+from engine.core.prefix_groups import shared_prefix_limits
+from engine.core.request import Request
+from engine.core.scheduler import SchedulerOutput
 from engine.models.config import ModelConfig
 from engine.models.loader import build_model
 from engine.models.quant_config import fp8_scheme
 from engine.models.rope import cos_sin_cache
-from engine.piecewise_graphs import PiecewiseGraphs
-from engine.prefix_groups import shared_prefix_limits
-from engine.request import Request
-from engine.sampler import HostCopy, SamplingBatch, sample
-from engine.scheduler import SchedulerOutput
-from engine.spec_draft import DraftProposer
-from engine.spec_verify import verify
-from engine.tensor_parallel import SINGLE, TensorParallel
+from engine.parallel.tensor_parallel import SINGLE, TensorParallel
+from engine.runner.attention import AttentionMetadata, prefill_tail
+from engine.runner.batch_builder import BatchBuilder, PreparedBatch
+from engine.runner.cuda_graphs import StepGraphs
+from engine.runner.piecewise_graphs import PiecewiseGraphs
+from engine.sampling.logprobs import PromptLogprobs, StepLogprobs
+from engine.sampling.sampler import HostCopy, SamplingBatch, sample
+from engine.spec.draft import DraftProposer
+from engine.spec.verify import verify
 
 
 @dataclass(slots=True)
@@ -98,7 +98,9 @@ class ModelRunner:
         self._step_start = None  # the open step's start event (begin_step), when collecting
         self.warmup_report: dict | None = None  # kernel_warmup.warm_up_mixed_steps, once run
         # Made by the engine when its first constrained request is admitted.
-        self.grammar_masks = None  # engine.grammar_mask.GrammarMasks once a grammar is used
+        self.grammar_masks = (
+            None  # engine.sampling.grammar_mask.GrammarMasks once a grammar is used
+        )
 
     # -- the step ------------------------------------------------------------------------
 
@@ -325,7 +327,8 @@ class ModelRunner:
             pool = self.verify_graphs.capture(pool)
         self.graphs = step_graphs(1)
         pool = self.graphs.capture(pool)
-        # Not under tensor parallelism: the followers replay no pieces (engine/tp_followers.py).
+        # Not under tensor parallelism: the followers replay no pieces
+        # (engine/parallel/tp_followers.py).
         tp = self.config.tensor_parallel_size
         if self.config.use_piecewise_graphs and self.draft is None and tp == 1:
             self.piecewise = PiecewiseGraphs(

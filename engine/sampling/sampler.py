@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.logit_adjust import LogitAdjust
-from engine.request import Request
+from engine.core.request import Request
+from engine.sampling.logit_adjust import LogitAdjust
 
 
 @dataclass(slots=True)
@@ -23,7 +23,7 @@ class SamplingBatch:
     # (row, token) pairs to mask to -inf (EOS and stop ids before min_tokens is reached)
     banned_rows: list[int]
     banned_tokens: list[int]
-    adjust: LogitAdjust | None = None  # logit_bias and penalties (engine/logit_adjust.py)
+    adjust: LogitAdjust | None = None  # logit_bias and penalties (engine/sampling/logit_adjust.py)
     min_p: torch.Tensor | None = None  # [num_rows] float32 when some row sets min_p
 
     @classmethod
@@ -82,11 +82,12 @@ class HostCopy:
     event: torch.cuda.Event | None = None
     values: list | None = None  # already on the host (CPU tensors, synchronous paths)
     # The tensor being copied, still on its device: overlapped scheduling feeds the next step's
-    # input ids from it before the copy is waited for (engine/overlap.py).
+    # input ids from it before the copy is waited for (engine/runner/overlap.py).
     device_values: torch.Tensor | None = None
-    # engine.logprobs.StepLogprobs when some row asked for logprobs (collect() records them).
+    # engine.sampling.logprobs.StepLogprobs when some row asked for logprobs (collect() records
+    # them).
     logprobs: object = None
-    prompt_logprobs: object = None  # engine.logprobs.PromptLogprobs, likewise
+    prompt_logprobs: object = None  # engine.sampling.logprobs.PromptLogprobs, likewise
 
     @classmethod
     def start(cls, t: torch.Tensor) -> HostCopy:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.batch_builder import PackedBatch
+from engine.runner.batch_builder import PackedBatch
 
 # Chunk lengths that reach every tile height of the prefill launchers for 1, 2, 4 or 8 query
 # heads per KV head, and the warp-specialized kernel (kernels/dense_prefill_attention.py,

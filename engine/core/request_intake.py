@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.core.request import Priority, Request
 from engine.detokenizer import IncrementalDetokenizer
-from engine.request import Priority, Request
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 

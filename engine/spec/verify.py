@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.request import Request
-from engine.sampler import SamplingBatch, target_probs, to_host_list
+from engine.core.request import Request
+from engine.sampling.sampler import SamplingBatch, target_probs, to_host_list
 
 
 def rejection_sample(

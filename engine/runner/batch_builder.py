@@ -7,7 +7,7 @@
 # packed with a placeholder id and a (row in this batch, row in the previous step's sampled
 # ids) pair; the runner fills the real id in on the device before the forward.
 # Shared-prefix decode (prefix_groups set): the decode rows sharing prefix-cache blocks are
-# grouped on the host (engine/prefix_groups.py) and the groups ride in the same int32 copy.
+# grouped on the host (engine/core/prefix_groups.py) and the groups ride in the same int32 copy.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.prefix_groups import PrefixGroupLimits, find_prefix_groups
-from engine.request import PENDING_TOKEN, Request
-from engine.scheduler import SchedulerOutput
+from engine.core.prefix_groups import PrefixGroupLimits, find_prefix_groups
+from engine.core.request import PENDING_TOKEN, Request
+from engine.core.scheduler import SchedulerOutput
+from engine.runner.attention import AttentionMetadata
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.cuda_graphs import capture_graph
+from engine.runner.cuda_graphs import capture_graph
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 

@@ -3,9 +3,9 @@
 # RequestDelta carrying its usage so far. Shared by the plain step and the overlapped one.
 from __future__ import annotations
 
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
 from engine.outputs import RequestDelta, RequestUsage
-from engine.request import Request
-from engine.scheduler import Scheduler
 
 
 def flush_text(request: Request) -> str:

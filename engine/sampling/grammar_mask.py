@@ -11,7 +11,7 @@ import torch
 from llguidance import LLExecutor, LLMatcher
 from llguidance.numpy import fill_next_token_bitmask_par
 
-from engine.request import PENDING_TOKEN, Request
+from engine.core.request import PENDING_TOKEN, Request
 
 
 @dataclass(slots=True)
@@ -56,7 +56,7 @@ class GrammarMasks:
         """`requests` per logits row. Returns (row ids [n] int64, bitmasks [n, words] int32) on
         the device for the rows whose request has a grammar, or None when none has.
         The host buffer is reused: every constrained step is scheduled after the previous step
-        was collected (engine/overlap.py syncs for them), so its last copy has completed."""
+        was collected (engine/runner/overlap.py syncs for them), so its last copy has completed."""
         rows = [i for i, r in enumerate(requests) if r.grammar is not None]
         if not rows:
             return None

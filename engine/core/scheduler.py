@@ -16,18 +16,18 @@
 # never fit, not even alone in the whole pool, finishes with reason "error".
 #
 # Within a step's budget, decodes first: a prompt chunk never takes the budget the running
-# decodes need. The order among prompt chunks is engine/prefill_order.py's.
+# decodes need. The order among prompt chunks is engine/core/prefill_order.py's.
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
-from engine.prefill_order import PrefillOrder
-from engine.request import Priority, Request, RequestStatus
-from engine.spec_policy import observe_acceptance
-from engine.step_cost import PrefillPolicy, StepFeatures, chunk_pairs
+from engine.core.block_manager import BlockManager
+from engine.core.prefill_order import PrefillOrder
+from engine.core.request import Priority, Request, RequestStatus
+from engine.core.step_cost import PrefillPolicy, StepFeatures, chunk_pairs
+from engine.spec.policy import observe_acceptance
 
 
 @dataclass(slots=True)

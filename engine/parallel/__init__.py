@@ -1,0 +1,1 @@
+# Tensor parallelism: the process group and the follower ranks.

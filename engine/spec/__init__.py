@@ -1,0 +1,1 @@
+# Speculative decoding, by part: the proposers, the policy, the verification.
