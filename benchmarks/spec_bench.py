@@ -18,7 +18,7 @@
 #
 # Two policies per proposer: "fixed" drafts k tokens for every decode whatever the batch (the
 # raw cost/benefit surface the thresholds are set from), "policy" is the shipped adaptive rule
-# (spec_policy.py, default thresholds), which must get out of the way where "fixed" loses.
+# (spec/policy.py, default thresholds), which must get out of the way where "fixed" loses.
 #
 #   python -m benchmarks.spec_bench          # H200: llama-3.1-8b (+ llama-3.2-1b draft)
 #   python -m benchmarks.spec_bench --smoke  # CPU: tiny preset, seconds

@@ -10,7 +10,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto → the checkpoint's dtype on CUDA, float32 on CPU
     device: str = "auto"  # auto → cuda when available, else cpu
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None → sized from memory (see kv_cache.py)
+    num_kv_blocks: int | None = None  # None → sized from memory (see core/kv_cache.py)
     gpu_memory_utilization: float = 0.90
     cpu_kv_cache_bytes: int = 512 * 2**20
     max_model_len: int | None = None  # None → the model's max_position_embeddings (capped below)
@@ -35,8 +35,8 @@ class EngineConfig:
     # Tensor parallelism: this many processes (ranks, one GPU each), rank 0 in the caller's.
     tensor_parallel_size: int = 1
     # Steps with prompt chunks up to this many tokens run as per-layer CUDA graph pieces around
-    # eager attention (piecewise_graphs.py; CUDA, one GPU, no draft model). Measured on an H200:
-    # half the host time to launch such a step, ~5 % off the mean step (docs/benchmarks.md).
+    # eager attention (runner/piecewise_graphs.py; CUDA, one GPU, no draft model). Measured on an
+    # H200: half the host time to launch such a step, ~5 % off the mean step (docs/benchmarks.md).
     use_piecewise_graphs: bool = True
     # 2,560 covers a long prompt's 2,048-token slice beside ~500 decodes.
     piecewise_max_tokens: int = 2560
@@ -44,14 +44,14 @@ class EngineConfig:
     # of N (less padding, more graphs to capture). 128 measured on an H200 at 12 req/s of
     # `seed`: TPOT p95 40.0 -> 38.4 ms, +2 % output tok/s (docs/benchmarks.md).
     piecewise_bucket_step: int = 128
-    # Speculative decoding (docs/speculative.md; the adaptive rule lives in spec_policy.py).
+    # Speculative decoding (docs/speculative.md; the adaptive rule lives in spec/policy.py).
     speculative_method: str | None = None  # None (off) | "ngram" | "draft"
     num_speculative_tokens: int = 4  # k: most draft tokens proposed per request per step
     ngram_min: int = 2  # prompt lookup tries match lengths ngram_max down to ngram_min
     ngram_max: int = 4
     draft_model: str | None = None  # preset or HF dir sharing the target's vocabulary
     spec_max_batch_size: int = 64  # more running decodes than this → no speculation this step
-    # A request's acceptance EMA below this (scaled up with the batch, spec_policy.py) → it
+    # A request's acceptance EMA below this (scaled up with the batch, spec/policy.py) → it
     # stops drafting. None → 0.15 for n-gram lookup (free to propose), 0.35 for a draft model.
     spec_min_acceptance: float | None = None
     # Latency-aware prefill (engine/core/step_cost.py): with a target, a step that carries decodes

@@ -116,7 +116,9 @@ class Settings(BaseSettings):
     ttft_prompt_tokens: int = 4000
     ttft_target_s: float = Field(0.8, gt=0)  # with a target: when a short prompt's token is due
     long_prompt_tokens_per_s: float = Field(4000.0, gt=0)  # ... and a long one's, by its length
-    short_prefill_first: bool = True  # short prompts' chunks before long ones' (prefill_order.py)
+    short_prefill_first: bool = (
+        True  # short prompts' chunks before long ones' (engine/core/prefill_order.py)
+    )
     long_prefill_chunk: int = Field(2048, ge=0)  # a long prompt's chunk beside others (0: no cap)
     # Overlapped scheduling (docs/serving.md#overlapped-scheduling): step N+1 launches before
     # step N's tokens reach the host. None: on for a GPU worker without speculative decoding or

@@ -136,9 +136,9 @@ class Request:
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_generator: Any = None  # the draft model's own seeded generator
-        self.ngram_index: Any = None  # spec_ngram.NgramIndex, built on the first lookup
+        self.ngram_index: Any = None  # spec.ngram.NgramIndex, built on the first lookup
         # Draft model only: positions from here on may be missing from the draft's cache (it
-        # skips decode steps that verify nothing); None = in sync. See spec_draft.py.
+        # skips decode steps that verify nothing); None = in sync. See spec/draft.py.
         self.draft_lag: int | None = None
 
     @property

@@ -14,7 +14,7 @@
 #     query lengths), so a step where few sequences draft (probes, mixed acceptance) does not
 #     pay for Q tokens per sequence.
 # The step function may run more than the target (a draft model's forward keeps its cache in
-# sync, spec_draft.py): whatever it launches is captured with it.
+# sync, spec/draft.py): whatever it launches is captured with it.
 #
 # Static buffers (allocated once, written before every replay), T = max_bs * query_len:
 #   input_ids, positions, slot_mapping: [T]
@@ -29,7 +29,7 @@
 #   logits: [T, vocab], the graph's output (every real token samples in these steps): in the
 #     model dtype for decode (the lm_head's matmul rounds to it anyway; a float32 copy cost
 #     ~0.1 ms a step at batch 256 on an H200, and the sampler upcasts only for non-greedy
-#     rows), float32 for verify steps (spec_verify works in float32)
+#     rows), float32 for verify steps (spec/verify.py works in float32)
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -251,7 +251,7 @@ class ModelRunner:
             if r.generator is None and r.params.seed is not None and not r.params.greedy:
                 r.generator = self._seeded_generator(r)
         if has_drafts:
-            return None  # spec_verify builds its own per-row batch
+            return None  # spec/verify.py builds its own per-row batch
         vocab = self.model_config.vocab_size
         return SamplingBatch.from_requests(requests, vocab, self.device, self.eos_token_ids)
 
@@ -274,7 +274,7 @@ class ModelRunner:
 
     def _forward_with_draft(self, input_ids, positions, meta) -> torch.Tensor:
         """Steps that verify drafts: the draft model sees the whole batch too, so its cache
-        holds every token the target's does (spec_draft.py)."""
+        holds every token the target's does (spec/draft.py)."""
         hidden = self._forward(input_ids, positions, meta)
         self.draft.forward(input_ids, positions, meta)
         return hidden

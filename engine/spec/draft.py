@@ -1,5 +1,5 @@
 # Draft-model proposer: a smaller model of the same vocabulary proposes k tokens
-# autoregressively; the target verifies them in one pass (spec_verify.py).
+# autoregressively; the target verifies them in one pass (spec/verify.py).
 #
 # KV layout: the draft has its OWN cache tensor with the target's block_size and num_blocks,
 # and uses the target's block ids, block tables and slot mapping. A token's draft K/V therefore

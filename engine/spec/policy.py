@@ -6,7 +6,7 @@
 #   2. Only decodes draft (requests with exactly one pending token); prefill chunks never do.
 #   3. Batch gate: with B running decodes, B > spec_max_batch_size → nobody drafts this step
 #      (verification costs compute a saturated GPU does not have, and the draft model, if
-#      any, sits the step out: spec_draft.py).
+#      any, sits the step out: spec/draft.py).
 #   4. Acceptance: each request keeps an EMA of its per-step acceptance rate (accepted /
 #      proposed, weight ALPHA on the newest step, starting optimistic at 1.0). Speculation
 #      must clear
