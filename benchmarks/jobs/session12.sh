@@ -2,7 +2,7 @@
 # One H200, one job across consecutive device calls (benchmarks/device_jobs.sh start/collect):
 #   1. the engine's GPU-path tests (never run since the shared-prefix, structured-output and FP8
 #      merges): tests/engine/*gpu*.py;
-#   2. the 70B FP8 (e4m3 KV) served on `seed` at 1, 2, 3 req/s, 120 s of arrivals each, with the
+#   2. the 70B FP8 (e4m3 KV) served on `seed` at 1.5 and 3 req/s, 120 s of arrivals each, with the
 #      brief's TTFT bound as the admission bound (FLEETLM_MAX_QUEUE_WAIT_S=0.8): the goodput sweep
 #      of issue 35 and, at 3 req/s (≈ 2× the forecast goodput), the overload run of issue 36;
 #   3. the 8B bf16 served at 24 req/s (2× its measured goodput), 120 s, the same admission bound:
@@ -21,7 +21,7 @@ fi
 if want serve70; then
   OUT=$R/serve70 benchmarks/device_serve.sh --launch --model llama-3.1-70b \
     --server-env FLEETLM_QUANTIZATION=fp8 --server-env FLEETLM_KV_CACHE_DTYPE=fp8 \
-    --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 --rates "${RATES70:-1,2,3}" --duration 120 \
+    --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 --rates "${RATES70:-1.5,3}" --duration 120 \
     --no-stop-on-miss --json "$R/serve70/serve.json" > "$R/serve70.log" 2>&1
   stamp "serve70 rc=$?"; grep -E "req/s|goodput|forecast|refused|503" "$R/serve70/bench.log" | tail -20
 fi
