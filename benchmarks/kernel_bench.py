@@ -809,6 +809,8 @@ class Bench:
 
             self.run_case(case, body_linear)
 
+        self.bench_fused_fp8_quant()
+
         case = Case(
             "paged_decode_attention[e4m3]",
             {"shape": f"B={batch} ctx={ctx}", "H": H, "Hkv": Hkv, "D": D, "bs": bs,
@@ -844,6 +846,59 @@ class Bench:
             case.note = "half the K/V bytes of the bf16 decode row at the same shape"
 
         self.run_case(case, body_decode)
+
+    def bench_fused_fp8_quant(self) -> None:
+        """The ops that feed the decode step's FP8 linears with the per-row e4m3 quantization
+        fused in (rms_norm_fp8 with the residual add, before qkv and gate_up; silu_and_mul_fp8
+        before down) at llama-3.1-70b's widths, against the same op then quantize_fp8 (the
+        torch column: two Triton launches, the path for more than FP8_SKINNY_MAX_ROWS rows),
+        checked against that pair (the same bits: rel_l2 0; tests/kernels check the torch
+        twins). Rate: the fused kernel's bytes (inputs read once, e4m3 and scales written)."""
+        from kernels.skinny_gemm import FP8_SKINNY_MAX_ROWS
+
+        if self.smoke:
+            rows, hidden, inter = [4], 256, 320
+        else:
+            rows, hidden, inter = [1, 16, FP8_SKINNY_MAX_ROWS], 8192, 28672
+        elt = torch.empty((), dtype=self.dtype).element_size()
+        for T in rows:
+            case = Case("rms_norm_fp8+residual", {"T": T, "hidden": hidden})
+
+            def body_norm(case: Case, T=T) -> None:
+                x, res = self.randn(T, hidden), self.randn(T, hidden)
+                w = 1 + 0.1 * self.randn(hidden)
+                got = self.rms.rms_norm_fp8(x, w, 1e-5, res)
+                want = self.fp8.quantize_fp8(self.rms.rms_norm(x, w, 1e-5, res)[0])
+                case.check = rel_error(got[0].float() * got[1], want[0].float() * want[1],
+                                       self.dtype)  # fmt: skip
+                case.work = T * hidden * (3 * elt + 1) + hidden * elt + T * 4
+                case.peak = self.copy_gbps
+                case.triton_ms = self.time_ms(lambda: self.rms.rms_norm_fp8(x, w, 1e-5, res))
+                case.torch_impl = "rms_norm + quantize_fp8 (Triton)"
+                case.torch_ms = self.time_ms(
+                    lambda: self.fp8.quantize_fp8(self.rms.rms_norm(x, w, 1e-5, res)[0])
+                )
+
+            self.run_case(case, body_norm)
+
+            case = Case("silu_and_mul_fp8", {"T": T, "inter": inter})
+
+            def body_silu(case: Case, T=T) -> None:
+                x = self.randn(T, 2 * inter)
+                got = self.silu.silu_and_mul_fp8(x)
+                want = self.fp8.quantize_fp8(self.silu.silu_and_mul(x))
+                case.check = rel_error(got[0].float() * got[1], want[0].float() * want[1],
+                                       self.dtype)  # fmt: skip
+                case.work = T * inter * (2 * elt + 1) + T * 4
+                case.peak = self.copy_gbps
+                case.triton_ms = self.time_ms(lambda: self.silu.silu_and_mul_fp8(x))
+                case.torch_impl = "silu_and_mul + quantize_fp8 (Triton)"
+                case.torch_ms = self.time_ms(
+                    lambda: self.fp8.quantize_fp8(self.silu.silu_and_mul(x))
+                )
+                case.note = "one program per row, two passes over the row (silu_mul.py)"
+
+            self.run_case(case, body_silu)
 
     # -- driver -------------------------------------------------------------------------------
     def run(self, only: set[str] | None) -> dict[str, Any]:

@@ -68,6 +68,29 @@ def round_to_e4m3(x, ROUND_IN_FP32: tl.constexpr):
 
 
 @triton.jit
+def fp8_row_scale(row_max, scale_ub, static_scale_ptr, STATIC: tl.constexpr):
+    """A row's dequantization scale, as quantize_fp8_ref: the one static scale, or
+    min(max|x_row|, scale_ub if > 0) / 448 (never below MIN_SCALE). row_max: float32 scalar
+    (ignored when STATIC). Shared by every kernel that emits e4m3 activations (rms_norm.py,
+    silu_mul.py), so fused and separate quantization give the same bits."""
+    if STATIC:
+        scale = tl.load(static_scale_ptr).to(tl.float32)
+    else:
+        if scale_ub > 0:
+            row_max = tl.minimum(row_max, scale_ub)
+        scale = tl.maximum(row_max / 448.0, 1e-12 / 448.0)
+    return scale
+
+
+@triton.jit
+def quantize_e4m3(x, scale, ROUND_IN_FP32: tl.constexpr):
+    """x: float32 tile, scale: its row's scale → x / scale clamped to ±448 on the e4m3 grid
+    (float32; the caller's store converts it)."""
+    y = tl.clamp(x / scale, -448.0, 448.0)
+    return round_to_e4m3(y, ROUND_IN_FP32)
+
+
+@triton.jit
 def _quantize_fp8_kernel(
     x_ptr,  # [num_rows, K]
     q_ptr,  # [num_rows, K] fp8
@@ -84,9 +107,8 @@ def _quantize_fp8_kernel(
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x_row  # x[row, :]
     q_row = q_ptr + row * stride_q_row  # q[row, :]
-    if STATIC:
-        scale = tl.load(static_scale_ptr).to(tl.float32)
-    else:
+    row_max = 0.0
+    if not STATIC:
         # pass 1: the row's absolute maximum, tile by tile
         amax = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -94,18 +116,24 @@ def _quantize_fp8_kernel(
             x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
         row_max = tl.max(amax, axis=0)
-        if scale_ub > 0:
-            row_max = tl.minimum(row_max, scale_ub)
-        scale = tl.maximum(row_max / 448.0, 1e-12 / 448.0)
+    scale = fp8_row_scale(row_max, scale_ub, static_scale_ptr, STATIC)
     tl.store(scale_ptr + row, scale)
     # pass 2: quantize
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         mask = offs < K
         x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        y = tl.clamp(x / scale, -448.0, 448.0)
-        y = round_to_e4m3(y, ROUND_IN_FP32)
+        y = quantize_e4m3(x, scale, ROUND_IN_FP32)
         tl.store(q_row + offs, y.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def check_static_scale(scale: torch.Tensor | None, device: torch.device) -> None:
+    """A static activation scale: one float32 element on the activations' device."""
+    if scale is None:
+        return
+    check_tensor("scale", scale, ndim=scale.dim(), dtypes=(torch.float32,), device=device)
+    if scale.numel() != 1:
+        raise ValueError(f"a static scale has one element, got {tuple(scale.shape)}")
 
 
 def quantize_fp8(
@@ -119,10 +147,7 @@ def quantize_fp8(
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_last_dim_contiguous("x", x)
     num_rows, K = x.shape
-    if scale is not None:
-        check_tensor("scale", scale, ndim=scale.dim(), dtypes=(torch.float32,), device=x.device)
-        if scale.numel() != 1:
-            raise ValueError(f"a static scale has one element, got {tuple(scale.shape)}")
+    check_static_scale(scale, x.device)
     if out is None:
         out = torch.empty((num_rows, K), dtype=FP8_DTYPE, device=x.device)
     row_scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)

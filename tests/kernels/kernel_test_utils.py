@@ -42,6 +42,28 @@ def assert_same_e4m3(q: torch.Tensor, q_ref: torch.Tensor) -> None:
     assert ((a - b).abs() <= torch.maximum(a.abs(), b.abs()) * 2**-3 + 2**-9).all()
 
 
+def assert_same_fp8_rows(actual: tuple, expected: tuple) -> None:
+    """(q, scale) pairs equal bit for bit: a fused quantization against the same Triton math
+    run as two kernels (the same float32 operations, so on a GPU too)."""
+    (q, scale), (q_ref, scale_ref) = actual, expected
+    assert q.dtype == q_ref.dtype == torch.float8_e4m3fn and q.shape == q_ref.shape
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert scale.dtype == torch.float32 and torch.equal(scale, scale_ref)
+
+
+def assert_fp8_rows_close(actual: tuple, expected: tuple, dtype: torch.dtype) -> None:
+    """(q, scale) pairs from inputs that may differ by the Triton-vs-torch tolerance TOL[dtype]
+    (rms_norm's and silu_and_mul's own): scales within its rtol, and each dequantized value at
+    most one e4m3 step (2^-3 relative, subnormals 2^-9 · scale) plus twice that rtol apart."""
+    (q, scale), (q_ref, scale_ref) = actual, expected
+    assert q.dtype == q_ref.dtype == torch.float8_e4m3fn and q.shape == q_ref.shape
+    rtol = TOL[dtype]["rtol"]
+    torch.testing.assert_close(scale, scale_ref, rtol=rtol, atol=0)
+    a, b = q.float() * scale, q_ref.float() * scale_ref
+    bound = torch.maximum(a.abs(), b.abs()) * (2**-3 + 2 * rtol) + scale_ref * 2**-9
+    assert ((a - b).abs() <= bound).all()
+
+
 def gen(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)

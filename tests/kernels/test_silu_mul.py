@@ -1,11 +1,21 @@
-# silu_and_mul (Triton) against silu_and_mul_ref.
+# silu_and_mul (Triton) against silu_and_mul_ref; silu_and_mul_fp8 (the same with e4m3 output)
+# against silu_and_mul + quantize_fp8 (bit for bit) and its torch twin.
 # Tolerances: kernel_test_utils.TOL (fp32 rtol 1e-4 / atol 1e-5, bf16 rtol 1.6e-2 / atol 1e-2,
 # fp16 rtol / atol 2e-3). Outputs are pre-filled with NaN to catch unwritten elements.
 import pytest
 import torch
 
-from kernels.silu_mul import silu_and_mul, silu_and_mul_ref
-from tests.kernels.kernel_test_utils import DEVICE, assert_close, gen, nan_like, randn
+from kernels.fp8_quant import E4M3_MAX, MIN_SCALE, quantize_fp8
+from kernels.silu_mul import silu_and_mul, silu_and_mul_fp8, silu_and_mul_fp8_ref, silu_and_mul_ref
+from tests.kernels.kernel_test_utils import (
+    DEVICE,
+    assert_close,
+    assert_fp8_rows_close,
+    assert_same_fp8_rows,
+    gen,
+    nan_like,
+    randn,
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -54,3 +64,45 @@ def test_silu_and_mul_rejects_bad_inputs(case):
         x = x.int()
     with pytest.raises(ValueError):
         silu_and_mul(x, **kw)
+
+
+# -- silu_and_mul_fp8: e4m3 output with per-row scales, for an FP8 down projection -----------
+
+
+def _gate_up(rows: int, inter: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = gen(seed)
+    # rows 2.5 decades apart (each its own scale; products stay finite in fp16), one all-zero row
+    x = randn(rows, 2 * inter, g=g) * torch.logspace(-1, 1.5, rows, device=DEVICE)[:, None]
+    x[1] = 0.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("inter", [100, 2500])  # 2500: two passes of two column tiles each
+def test_silu_and_mul_fp8_is_silu_and_mul_then_quantize_fp8(dtype, inter):
+    x = _gate_up(4, inter, dtype, seed=inter)
+    got = silu_and_mul_fp8(x)
+    assert_same_fp8_rows(got, quantize_fp8(silu_and_mul(x)))  # the unfused path's bits
+    assert got[1][1].item() == pytest.approx(MIN_SCALE) and not got[0][1].float().any()
+    assert_fp8_rows_close(got, silu_and_mul_fp8_ref(x), dtype)  # the torch twin
+
+
+def test_silu_and_mul_fp8_static_scale_cap_and_strided_rows():
+    buf = _gate_up(3, 200, torch.bfloat16, seed=7)
+    x = buf[:, :256]  # row stride 400: gate and up are the first 128 columns each
+    product = silu_and_mul(x)
+    static = torch.tensor([0.05], device=DEVICE)
+    assert_same_fp8_rows(silu_and_mul_fp8(x, static), quantize_fp8(product, static))
+    capped = silu_and_mul_fp8(x, scale_ub=1.0)
+    assert_same_fp8_rows(capped, quantize_fp8(product, scale_ub=1.0))
+    assert (capped[1] <= 1.0 / E4M3_MAX).all()
+
+
+def test_silu_and_mul_fp8_rejects_bad_inputs():
+    x = _gate_up(2, 32, torch.float32, seed=3)
+    with pytest.raises(ValueError):
+        silu_and_mul_fp8(x[:, :63])  # odd last dim
+    with pytest.raises(ValueError):
+        silu_and_mul_fp8(x, torch.ones(2, device=DEVICE))  # a static scale has one element
+    with pytest.raises(ValueError):
+        silu_and_mul_fp8(x, out=torch.empty(2, 32, device=DEVICE))  # not e4m3
