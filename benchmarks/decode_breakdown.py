@@ -10,7 +10,7 @@
 #            the FLOP floor at the measured matmul rate.
 #   python -m benchmarks.decode_breakdown [--model llama-3.1-8b] [--batches 1,32,128,256]
 #       [--context 700] [--parts gemm,decode,prefill] [--quantization fp8]
-#       [--kv-cache-dtype fp8] [--json out.json]
+#       [--kv-cache-dtype fp8] [--unfused-fp8-quant] [--json out.json]
 from __future__ import annotations
 
 import argparse
@@ -280,8 +280,16 @@ def main() -> None:
     ap.add_argument("--parts", default="gemm,decode,prefill")
     ap.add_argument("--quantization", default=None, choices=["fp8"])
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    ap.add_argument(
+        "--unfused-fp8-quant", action="store_true",
+        help="FP8 layers quantize their own inputs (a separate quantize_fp8 before each), as "
+        "before the norms and SiLU-and-mul emitted e4m3 rows (engine/models/fp8_activation.py)",
+    )  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    from engine.models import fp8_activation
+
+    fp8_activation.FUSE_ACTIVATION_QUANT = not args.unfused_fp8_quant
     from fleetlm.bench.roofline_check import measure_ceilings
 
     parts = set(args.parts.split(","))
@@ -290,7 +298,8 @@ def main() -> None:
     log(f"ceilings: copy {ceilings['copy_bytes_s'] / 1e12:.2f} TB/s, "
         f"bf16 matmul {ceilings['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s")  # fmt: skip
     result: dict = {"model": args.model, "device": torch.cuda.get_device_name(),
-                    "ceilings": ceilings, "context": args.context}  # fmt: skip
+                    "ceilings": ceilings, "context": args.context,
+                    "fused_fp8_quant": fp8_activation.FUSE_ACTIVATION_QUANT}  # fmt: skip
     counts = [int(t) for t in args.prefill_tokens.split(",")]
     # Overlap off: each step's events bracket its own work. The budget admits the largest
     # prefill step whole (decode steps do not depend on it).

@@ -4,15 +4,17 @@
 # torch._scaled_mm over e4m3 operands with float32 accumulation and row-wise scales;
 # elsewhere (the CPU, fp32 models, shapes cuBLAS rejects) fp8_matmul_ref computes the same thing
 # on dequantized values, so CI runs every step up to the matmul itself:
-#   x: [num_tokens, K] → per-token e4m3 x_q with x_scale [num_tokens, 1] (kernels/fp8_quant.py)
+#   x: [num_tokens, K] → per-token e4m3 x_q with x_scale [num_tokens, 1] (kernels/fp8_quant.py;
+#      at a decode step's row counts fused into the op that makes x: fp8_activation.py)
 #   w: [N, K] e4m3 with w_scale [N] float32
 #   y[t, n] = (Σ_k x_q[t, k] · w_q[n, k]) · x_scale[t] · w_scale[n]
 from __future__ import annotations
 
 import torch
 
+from engine.models.fp8_activation import Fp8Activation, quantize_activation
 from kernels._launch import capability
-from kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, MIN_SCALE, quantize_fp8_ref
+from kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, MIN_SCALE
 
 
 @torch.no_grad()
@@ -51,10 +53,12 @@ def fp8_matmul_ref(
     return (y * x_scale * w_scale[None, :]).to(out_dtype)
 
 
-def uses_scaled_mm(x: torch.Tensor, w_q: torch.Tensor) -> bool:
-    """torch._scaled_mm with row-wise scales: Hopper or newer, bf16 output, both weight
-    dimensions multiples of 16."""
-    if not x.is_cuda or x.dtype != torch.bfloat16:
+def uses_scaled_mm(
+    x: torch.Tensor, w_q: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> bool:
+    """torch._scaled_mm with row-wise scales: Hopper or newer, bf16 output (out_dtype, else x's
+    dtype), both weight dimensions multiples of 16."""
+    if not x.is_cuda or (out_dtype or x.dtype) != torch.bfloat16:
         return False
     n, k = w_q.shape
     # Row-wise scaled FP8 GEMMs (torch's CUTLASS kernel) need sm90; Ada's FP8 tensor cores
@@ -63,36 +67,38 @@ def uses_scaled_mm(x: torch.Tensor, w_q: torch.Tensor) -> bool:
 
 
 def fp8_linear(
-    x: torch.Tensor,  # [..., K] in the model dtype
+    x: torch.Tensor | Fp8Activation,  # [..., K] in the model dtype, or its e4m3 rows [T, K]
     w_q: torch.Tensor,  # [N, K] e4m3
     w_scale: torch.Tensor,  # [N] float32
     input_scale: torch.Tensor | None = None,  # [1] float32: static per-tensor activations
     scale_ub: float = 0.0,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x @ dequant(w_q)^T (+ bias), activations quantized to e4m3 per token → [..., N]."""
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if x2.is_cuda:
-        from kernels.fp8_quant import quantize_fp8
+    """x @ dequant(w_q)^T (+ bias) → [..., N] in the model dtype. x is quantized to e4m3 per
+    token here unless the op that made it already did (fp8_activation.py); input_scale and
+    scale_ub say how, and must be what that op was given."""
+    if isinstance(x, Fp8Activation):
+        act, out_shape = x, (x.q.shape[0], w_q.shape[0])
+    else:
+        act, out_shape = (
+            quantize_activation(x, input_scale, scale_ub),
+            (*x.shape[:-1], w_q.shape[0]),
+        )
+    x_q, x_scale, dtype = act.q, act.scale, act.dtype
+    config = None
+    if x_q.is_cuda:
         from kernels.skinny_gemm import skinny_config, skinny_gemm
 
-        x_q, x_scale = quantize_fp8(x2.contiguous(), input_scale, scale_ub)
         config = skinny_config(x_q, w_q)
-    else:
-        x_q, x_scale = quantize_fp8_ref(x2, input_scale, scale_ub)
-        config = None
     if config is not None:
         # a decode step's few rows: the split-K skinny GEMM streams the e4m3 weight once
-        y = skinny_gemm(
-            x_q, w_q, w_scale=w_scale, x_scale=x_scale, out_dtype=x.dtype, config=config
-        )
-    elif uses_scaled_mm(x2, w_q):
+        y = skinny_gemm(x_q, w_q, w_scale=w_scale, x_scale=x_scale, out_dtype=dtype, config=config)
+    elif uses_scaled_mm(x_q, w_q, dtype):
         y = torch._scaled_mm(
-            x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale[None, :], out_dtype=x.dtype
+            x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale[None, :], out_dtype=dtype
         )
     else:
-        y = fp8_matmul_ref(x_q, x_scale, w_q, w_scale, x.dtype)
+        y = fp8_matmul_ref(x_q, x_scale, w_q, w_scale, dtype)
     if bias is not None:
         y = y + bias
-    return y.reshape(*shape[:-1], w_q.shape[0])
+    return y.reshape(out_shape)

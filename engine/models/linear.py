@@ -5,7 +5,8 @@
 #   RowParallelLinear     input columns split over ranks (o_proj, down_proj): partial sums,
 #                         one all-reduce.
 # An FP8 layer holds weight [N, K] e4m3 and weight_scale [N] float32 (fp8.py); a checkpoint
-# weight in bf16/fp32 is quantized as it arrives, an e4m3 one is copied with its scales.
+# weight in bf16/fp32 is quantized as it arrives, an e4m3 one is copied with its scales. Its input
+# may arrive already quantized (Fp8Activation) when it asked for that (takes_fp8_rows).
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from torch import nn
 
 from engine.models import ops
 from engine.models.fp8 import fp8_linear, quantize_weight
+from engine.models.fp8_activation import Fp8Activation, fuses_quantization
 from engine.models.quant_config import Fp8Scheme
 from engine.parallel.tensor_parallel import SINGLE, TensorParallel
 from kernels.fp8_quant import FP8_DTYPE
@@ -65,13 +67,21 @@ class Linear(nn.Module):
         self.loaded: set[tuple[str, int]] = set()  # (attribute, shard) filled so far
         self._fp8_shards: set[int] = set()  # shards whose e4m3 weights need a weight_scale
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        """x: [..., in] in the model dtype, or (an FP8 layer) its rows already quantized by the
+        op that made them, as takes_fp8_rows asked → [..., out]"""
         if self.fp8 is None:
             return ops.linear(x, self.weight, self.bias)
-        return fp8_linear(
-            x, self.weight, self.weight_scale, self.input_scale,
-            self.fp8.activation_scale_ub, self.bias,
-        )  # fmt: skip
+        return fp8_linear(x, self.weight, self.weight_scale, *self.activation_quant(), self.bias)
+
+    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether the op that makes this layer's input x should quantize it in the same kernel
+        (fp8_activation.py) and hand over an Fp8Activation: an FP8 layer, a decode step's rows."""
+        return self.fp8 is not None and fuses_quantization(x)
+
+    def activation_quant(self) -> tuple[torch.Tensor | None, float]:
+        """How an FP8 layer's input is quantized: (static input scale or None, amax cap)."""
+        return self.input_scale, self.fp8.activation_scale_ub
 
     # -- loading -------------------------------------------------------------------------
 
@@ -172,5 +182,5 @@ class RowParallelLinear(Linear):
     def input_columns(self) -> slice | None:
         return self.columns if self.tp.size > 1 else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         return self.tp.all_reduce(super().forward(x))

@@ -5,7 +5,9 @@
 # when there are more ranks than KV heads), its slice of the MLP and of the vocabulary; o_proj
 # and down_proj end in one all-reduce each. The model's `config` is this rank's shape (local
 # head counts and MLP width, the full vocabulary).
-# FP8 (quant_config.py): the four projections of every layer may hold e4m3 weights.
+# FP8 (quant_config.py): the four projections of every layer may hold e4m3 weights; at a decode
+# step's row counts the norms and the SiLU-and-mul before FP8 ones emit e4m3 rows for them
+# (fp8_activation.py).
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,7 +18,8 @@ from torch import nn
 
 from engine.models import ops
 from engine.models.config import ModelConfig
-from engine.models.linear import ColumnParallelLinear, RowParallelLinear
+from engine.models.fp8_activation import Fp8Activation, rms_norm_to_fp8, silu_and_mul_to_fp8
+from engine.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from engine.models.quant_config import Fp8Scheme
 from engine.models.vocab_parallel import VocabParallelEmbedding
 from engine.parallel.tensor_parallel import SINGLE, TensorParallel
@@ -32,7 +35,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, consumer: Linear | None = None
+    ):
+        """rms_norm(x (+ residual)) * weight (and x + residual); quantized for `consumer`, the
+        layer it feeds, when that asks for e4m3 rows (Linear.takes_fp8_rows)."""
+        if consumer is not None and consumer.takes_fp8_rows(x):
+            return rms_norm_to_fp8(x, self.weight, self.eps, residual, *consumer.activation_quant())
         return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
@@ -65,7 +74,7 @@ class LlamaAttention(nn.Module):
 
     def project(
         self,
-        hidden: torch.Tensor,  # [num_tokens, hidden]
+        hidden: torch.Tensor | Fp8Activation,  # [num_tokens, hidden]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         (q and k before rotary: attend() rotates them as it writes the cache)"""
@@ -113,8 +122,12 @@ class LlamaMLP(nn.Module):
             cols, config.hidden_size, dtype=dtype, fp8=fp8(prefix, "down_proj"), tp=tp
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
+        if self.down_proj.takes_fp8_rows(gate_up):
+            act = silu_and_mul_to_fp8(gate_up, *self.down_proj.activation_quant())
+            return self.down_proj(act)
+        return self.down_proj(ops.silu_and_mul(gate_up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -132,17 +145,20 @@ class LlamaDecoderLayer(nn.Module):
     def before_attention(self, hidden, residual):
         """→ q, k, v (before rotary) and the residual stream (hidden, residual:
         [num_tokens, hidden])"""
+        qkv_proj = self.self_attn.qkv_proj  # an FP8 one may take the norm's output in e4m3
         if residual is None:
             residual = hidden
-            hidden = self.input_layernorm(hidden)
+            hidden = self.input_layernorm(hidden, consumer=qkv_proj)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+            hidden, residual = self.input_layernorm(hidden, residual, consumer=qkv_proj)
         q, k, v = self.self_attn.project(hidden)
         return q, k, v, residual
 
     def after_attention(self, attn, residual):
         """attn: [num_tokens, num_heads, head_dim] → (mlp output, residual)"""
-        hidden, residual = self.post_attention_layernorm(self.self_attn.output(attn), residual)
+        hidden, residual = self.post_attention_layernorm(
+            self.self_attn.output(attn), residual, consumer=self.mlp.gate_up_proj
+        )
         return self.mlp(hidden), residual
 
     def forward(self, positions, hidden, residual, meta, kv_cache, cos_sin):

@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.models import fp8_activation
 from engine.models.fp8 import dequantize_weight
+from engine.models.fp8_activation import Fp8Activation
 from engine.models.linear import Linear
 from engine.runner.attention import AttentionMetadata
 from tests.fp8_checkpoints import write_fp8_checkpoint
@@ -208,3 +210,66 @@ def test_fp8_preset_is_built_in_e4m3():
     assert runner.kv_caches.dtype == FP8
     out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     assert len(out[0].token_ids) == 5
+
+
+# -- activation quantization fused into the ops before the FP8 layers ------------------------
+
+
+def _fp8_inputs(model) -> dict[str, list[str]]:
+    """Per FP8 projection (qkv_proj, o_proj, ...), what each forward call received: "e4m3" (an
+    Fp8Activation from the op before) or "float" (quantized by the layer itself)."""
+    seen: dict[str, list[str]] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, Linear) and m.fp8 is not None:
+            kind = seen.setdefault(name.split(".")[-1], [])
+            m.register_forward_pre_hook(
+                lambda _, args, kind=kind: kind.append(
+                    "e4m3" if isinstance(args[0], Fp8Activation) else "float"
+                )
+            )
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["load-time", "fbgemm_fp8", "compressed-tensors"])
+def test_fused_activation_quantization_gives_the_unfused_logits(
+    llama_dir, tmp_path, monkeypatch, dtype, fmt
+):
+    # dynamic per-token scales, with fbgemm's amax cap, and a static per-tensor input scale
+    src, hf_model = llama_dir
+    directory = src if fmt == "load-time" else tmp_path / fmt
+    if fmt != "load-time":
+        write_fp8_checkpoint(src, directory, fmt, hf_model=hf_model)
+    options = dict(dtype=dtype, device="cpu", num_kv_blocks=64)
+    if fmt == "load-time":
+        options["quantization"] = "fp8"
+    llm = LLM(str(directory), **options)
+    seen = _fp8_inputs(llm.engine.runner.model)
+    short = list(range(3, 3 + fp8_activation.FUSED_MAX_ROWS))  # a decode step's row count
+    long = list(range(3, 3 + fp8_activation.FUSED_MAX_ROWS + 1))  # a prompt chunk's
+    fused = [teacher_forced_logits(llm, ids) for ids in (short, long)]
+    n = len(llm.engine.runner.model.model.layers)
+    want = {"qkv_proj": ["e4m3"] * n + ["float"] * n, "o_proj": ["float"] * 2 * n}
+    want |= {"gate_up_proj": want["qkv_proj"], "down_proj": want["qkv_proj"]}
+    assert seen == want
+    monkeypatch.setattr(fp8_activation, "FUSE_ACTIVATION_QUANT", False)
+    for name in seen:
+        seen[name].clear()
+    unfused = [teacher_forced_logits(llm, ids) for ids in (short, long)]
+    assert all(kinds == ["float"] * 2 * n for kinds in seen.values())
+    # the same e4m3 bits and scales either way, hence the same logits bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(fused, unfused))
+
+
+def test_fused_activation_quantization_keeps_greedy_outputs(llama_dir, monkeypatch):
+    src, _ = llama_dir
+    prompts = [[5, 6, 7, 8], list(range(20, 90)), [9] * 30]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outputs = {}
+    for fuse in (True, False):
+        monkeypatch.setattr(fp8_activation, "FUSE_ACTIVATION_QUANT", fuse)
+        llm = _llm(src, quantization="fp8")
+        seen = _fp8_inputs(llm.engine.runner.model)
+        outputs[fuse] = [o.token_ids for o in llm.generate(prompts, greedy)]
+        assert ("e4m3" in seen["down_proj"]) == fuse  # decode steps took the fused path
+    assert outputs[True] == outputs[False]

@@ -84,6 +84,24 @@ def test_cuda_graphs_match_eager(model_dir):
         assert a.token_ids == b.token_ids
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fp8_fused_activation_quantization_matches_unfused(model_dir, monkeypatch, dtype):
+    # Decode steps (graphs) and short prompts take rms_norm_fp8 / silu_and_mul_fp8 into the FP8
+    # layers: the bits of rms_norm / silu_and_mul then quantize_fp8, so the same greedy tokens.
+    from engine.models import fp8_activation
+
+    prompts = _prompts()
+    outputs = {}
+    for fuse in (True, False):
+        monkeypatch.setattr(fp8_activation, "FUSE_ACTIVATION_QUANT", fuse)
+        llm = LLM(str(model_dir), device="cuda", dtype=dtype, quantization="fp8",
+                  num_kv_blocks=128, max_num_seqs=8)  # fmt: skip
+        assert llm.engine.runner.graphs is not None
+        outputs[fuse] = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+        del llm
+    assert outputs[True] == outputs[False]
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_speculation_with_graphs_matches_plain_decoding(model_dir, method):
     # Verify steps and the draft's proposal chain replay captured graphs; greedy text must be
