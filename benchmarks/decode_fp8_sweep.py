@@ -69,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=H, help="query heads (70B: 64)")
     p.add_argument("--kv-heads", type=int, default=HKV)
     p.add_argument("--shapes", help="batch:ctx,... (default: SHAPES)")
-    p.add_argument(
-        "--widen", default="fp16,fp16_bits,q", help="FP8_WIDEN choices to time (e4m3 tiles)"
-    )
+    p.add_argument("--widen", default="fp16,q", help="FP8_WIDEN choices to time (e4m3 tiles)")
     args = p.parse_args(argv)
     heads, kv_heads = args.heads, args.kv_heads
     cuda = torch.cuda.is_available()

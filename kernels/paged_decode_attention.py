@@ -83,17 +83,6 @@ def paged_decode_attention_ref(
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
-def _widen_e4m3(x, dtype, FP8_WIDEN: tl.constexpr):
-    if FP8_WIDEN == 2:
-        # e4m3 s.eeee.mmm -> fp16 s.0eeee.mmm0000000 by shifts: the same bits with fp16's
-        # exponent bias (15, not 7), so the value comes out times 2^-8, exactly, subnormals too;
-        # the launcher folds 2^8 into qk_scale and v_scale
-        b = x.to(tl.uint8, bitcast=True).to(tl.uint16)
-        return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
-    return x.to(dtype)
-
-
 # Batch-dependent ints and index tensors are not specialised on: otherwise each new value's
 # divisibility or pointer alignment triggers a fresh compile in the middle of serving.
 @triton.jit(
@@ -141,8 +130,8 @@ def _decode_split_kernel(
     NUM_SPLITS_IS_ONE: tl.constexpr,
     HAS_ORDER: tl.constexpr,
     HAS_KEY_START: tl.constexpr,
-    KV_FP8: tl.constexpr,  # e4m3 cache: tiles are widened after loading (FP8_WIDEN)
-    FP8_WIDEN: tl.constexpr,  # 0: to q's dtype; 1: to fp16 (cvt); 2: fp16 bits by shifts
+    KV_FP8: tl.constexpr,  # e4m3 cache: tiles are widened to q's dtype after loading
+    FP8_WIDEN: tl.constexpr,  # 0: to q's dtype; 1: to fp16 (q too: one cvt per pair)
     UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
     DOT_PRECISION: tl.constexpr,
 ):
@@ -207,7 +196,7 @@ def _decode_split_kernel(
         )
         k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
         if KV_FP8:
-            k = _widen_e4m3(k, q.dtype, FP8_WIDEN)
+            k = k.to(q.dtype)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         # scores [BLOCK_G, BLOCK_N] in the log2 domain
@@ -228,7 +217,7 @@ def _decode_split_kernel(
         )
         v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
         if KV_FP8:
-            v = _widen_e4m3(v, q.dtype, FP8_WIDEN)
+            v = v.to(q.dtype)
         if UPCAST_DOT:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -310,12 +299,12 @@ NUM_STAGES = 3
 # time (~0.25 ms per layer for 2M keys x heads), 128 keys / 4 warps / 3 stages 9 % less than the
 # 16-bit tile over four shapes.
 FP8_LAUNCH: tuple[int, int, int] | None = (128, 4, 2)
-# How e4m3 tiles widen for the dots: "q" (q's dtype), "fp16" (a cvt per pair: one instruction,
-# where bf16 takes a detour), "fp16_bits" (integer shifts into fp16's bit layout, the 2^-8 this
-# leaves folded into the scales). On the H200 at the 70B's heads (benchmarks/
-# decode_fp8_sweep.py, 2026-12-03) "fp16" took 10-14 % less time than "q".
+# How e4m3 tiles widen for the dots: "q" (q's dtype), "fp16" (q and the tiles in fp16: a cvt per
+# pair, one instruction, where bf16 takes a detour). On the H200 at the 70B's heads (benchmarks/
+# decode_fp8_sweep.py, 2026-12-03) "fp16" took 10-14 % less time than "q"; integer shifts into
+# fp16's bit layout were slower than both and are gone.
 FP8_WIDEN = "fp16"
-FP8_WIDEN_CODES = {"q": 0, "fp16": 1, "fp16_bits": 2}
+FP8_WIDEN_CODES = {"q": 0, "fp16": 1}
 MAX_SPLITS = 64  # cap of the automatic choice
 MAX_USER_SPLITS = 256  # cap of an explicit num_splits (the reduce kernel holds all of them)
 MIN_KEYS_PER_SPLIT = 256  # below this a split is mostly launch/reduce overhead
@@ -474,9 +463,8 @@ def paged_decode_attention(
     BLOCK_G = max(16, next_power_of_2(group))
     kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
     BLOCK_N, num_warps, num_stages = decode_launch(head_dim, kv_fp8)
-    # fp32 q keeps fp32 dots; fp16 bits carry 2^-8 (see _widen_e4m3)
+    # fp32 q keeps fp32 dots
     widen = FP8_WIDEN_CODES[FP8_WIDEN] if kv_fp8 and q.dtype != torch.float32 else 0
-    widen_gain = 256.0 if widen == 2 else 1.0
     upcast, precision = dot_config(q.dtype)
     if partials is not None:
         part_max, part_sum, part_acc = partials
@@ -516,8 +504,8 @@ def paged_decode_attention(
         part_max,
         part_sum,
         part_acc,
-        float(scale) * float(k_scale) * LOG2E * widen_gain,
-        float(v_scale) * widen_gain,
+        float(scale) * float(k_scale) * LOG2E,
+        float(v_scale),
         num_heads,
         num_splits,
         part_splits,

@@ -42,7 +42,6 @@ from kernels.paged_decode_attention import (
     LOG2E,
     MAX_USER_SPLITS,
     _decode_reduce_kernel,
-    _widen_e4m3,
     decode_launch,
     paged_decode_attention,
     reduce_heads_per_program,
@@ -213,7 +212,7 @@ def _prefix_split_kernel(
         )
         k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
         if KV_FP8:
-            k = _widen_e4m3(k, q.dtype, FP8_WIDEN)
+            k = k.to(q.dtype)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, N]
@@ -231,7 +230,7 @@ def _prefix_split_kernel(
         )
         v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
         if KV_FP8:
-            v = _widen_e4m3(v, q.dtype, FP8_WIDEN)
+            v = v.to(q.dtype)
         if UPCAST_DOT:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -318,7 +317,6 @@ def shared_prefix_decode_attention(
         kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
         k_sc, v_sc = kv_scales(k_cache.dtype, k_scale, v_scale)
         widen = FP8_WIDEN_CODES[FP8_WIDEN] if kv_fp8 and q.dtype != torch.float32 else 0
-        widen_gain = 256.0 if widen == 2 else 1.0
         block_m = max(16, next_power_of_2(max_rows * group))
         block_n, warps, stages = prefix_launch(block_m, head_dim)
         if kv_fp8:  # an e4m3 tile is half the bytes: twice the keys for the same registers
@@ -327,7 +325,7 @@ def shared_prefix_decode_attention(
         _prefix_split_kernel[(num_kv_heads, num_groups, prefix_splits)](
             q, k_cache, v_cache, block_tables, groups.rows, groups.prefix_lens,
             part_max, part_sum, part_acc,
-            float(scale) * k_sc * LOG2E * widen_gain, v_sc * widen_gain,
+            float(scale) * k_sc * LOG2E, v_sc,
             num_heads, prefix_splits, total_splits, num_splits,
             q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -2,7 +2,7 @@
 # One H200 (~13 min, start/collect through benchmarks/device_jobs.sh): the session's last round.
 #   1. the GPU tests: every kernel test (compiled on the GPU), the engine's GPU paths, overlap
 #      and FP8 tests, the sampler's (structured outputs) on CUDA;
-#   2. the e4m3-cache decode kernel at the 70B's heads: the fp16 and fp16-bits widenings;
+#   2. the e4m3-cache decode kernel at the 70B's heads: the fp16 and q's-dtype widenings;
 #   3. the shared-prefix decode kernel against the plain one (when benchmarks/shared_prefix_bench.py
 #      exists);
 #   4. `nano` on the 70B FP8 (e4m3 KV) against its roofline;
@@ -23,7 +23,7 @@ timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels \
   tests/engine/test_gpu_paths.py tests/engine/test_overlap_gpu.py \
   ${GPU_TESTS:-} > "$R/gpu_tests.log" 2>&1
 stamp "tests rc=$?"; tail -6 "$R/gpu_tests.log"
-timeout 150 python3 -m benchmarks.decode_fp8_sweep --heads 64 --kv-heads 8 --widen fp16,fp16_bits \
+timeout 150 python3 -m benchmarks.decode_fp8_sweep --heads 64 --kv-heads 8 --widen fp16,q \
   --shapes 64:2048,128:2048,256:1024 --json "$R/decode_fp8_sweep_70b_widen.json" \
   > "$R/decode_fp8_sweep_70b_widen.log" 2>&1
 stamp "widen sweep rc=$?"; grep -A12 "^fastest" "$R/decode_fp8_sweep_70b_widen.log"

@@ -79,12 +79,12 @@ def test_decode_reads_fp8_cache_like_the_reference(
 
 @pytest.mark.parametrize(
     ("launch", "widen"),
-    [(None, "q"), ((128, 4, 2), "fp16"), ((32, 8, 4), "fp16_bits"), ((128, 4, 2), "fp16_bits")],
+    [(None, "q"), ((128, 4, 2), "fp16"), ((32, 8, 4), "fp16"), ((128, 4, 2), "q")],
 )
 def test_decode_fp8_launch_choice_keeps_the_result(launch, widen, monkeypatch):
     # The e4m3 cache's own (keys per tile, warps, stages) and widening, as decode_fp8_sweep.py
     # tries them: the tile changes how a split's range is rounded, the widening how e4m3 becomes
-    # a dot operand (fp16 bits: exact, times 2^-8 folded into the scales), never the result.
+    # a dot operand (in q's dtype or in fp16, q with it), never the result.
     monkeypatch.setattr(pda, "FP8_LAUNCH", launch)
     monkeypatch.setattr(pda, "FP8_WIDEN", widen)
     g = gen(57)
