@@ -83,6 +83,88 @@ def paged_decode_attention_ref(
 LOG2E = 1.4426950408889634
 
 
+# The tile loop of both decode kernels (this file's split kernel, shared_prefix_decode.py's
+# prefix kernel): an online softmax of ROWS query rows over one key range of one block-table row.
+@triton.jit
+def attend_key_range(
+    q,  # [ROWS, HEAD_DIM] in the dots' dtype; padding rows are zeros
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    kv_head_off,  # kv_head * stride_kc_head: this KV head's keys
+    v_head_off,  # kv_head * stride_vc_head
+    bt_row_ptr,  # the block-table row that maps the range's positions to cache blocks
+    start,  # keys [start, end) of that row
+    end,
+    qk_scale,  # softmax scale * k_scale * log2(e): scores go straight to exp2
+    v_scale,  # FP8 cache: the accumulated P @ V times this
+    stride_kc_block,
+    stride_kc_slot,
+    stride_vc_block,
+    stride_vc_slot,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    BLOCK_N: tl.constexpr,  # keys per tile
+    KV_FP8: tl.constexpr,  # e4m3 cache: tiles are widened to q's dtype after loading
+    UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
+    DOT_PRECISION: tl.constexpr,
+):
+    """→ (m [ROWS] running max (log2 domain), l [ROWS] sum of exp2(s - m), acc [ROWS, HEAD_DIM]
+    unnormalised P @ V times v_scale for an e4m3 cache; float32). An empty range gives (-inf,
+    0, 0)."""
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)  # running max
+    l_i = tl.zeros([ROWS], dtype=tl.float32)  # running sum of exp2
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_tok = n0 + offs_n  # [BLOCK_N] key positions in the row
+        tok_mask = offs_tok < end
+        # block_table_row[pos // BLOCK_SIZE]; masked so entries past the range are never read
+        block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
+        block_ids = block_ids.to(tl.int64)  # int64: block * stride overflows int32 on big caches
+        slot_offs = offs_tok % BLOCK_SIZE  # offset within the block
+        # k_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
+        k_ptrs = (
+            k_cache_ptr
+            + block_ids[:, None] * stride_kc_block
+            + slot_offs[:, None] * stride_kc_slot
+            + kv_head_off
+            + offs_d[None, :]
+        )
+        k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        # scores [ROWS, BLOCK_N] in the log2 domain
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(tok_mask[None, :], s, float("-inf"))
+        # every tile holds >= 1 valid key (n0 < end), so m_new is finite
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)  # rescales the old state; 0 on the first tile
+        p = tl.exp2(s - m_new[:, None])  # [ROWS, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # v_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
+        v_ptrs = (
+            v_cache_ptr
+            + block_ids[:, None] * stride_vc_block
+            + slot_offs[:, None] * stride_vc_slot
+            + v_head_off
+            + offs_d[None, :]
+        )
+        v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
+        if UPCAST_DOT:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    if KV_FP8:
+        acc = acc * v_scale
+    return m_i, l_i, acc
+
+
 # Batch-dependent ints and index tensors are not specialised on: otherwise each new value's
 # divisibility or pointer alignment triggers a fresh compile in the middle of serving.
 @triton.jit(
@@ -157,7 +239,6 @@ def _decode_split_kernel(
 
     offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G] row in the group
     offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     g_mask = offs_g < GROUP
     heads = kv_head * GROUP + offs_g  # [BLOCK_G] query head of each row
 
@@ -171,59 +252,15 @@ def _decode_split_kernel(
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)  # running max
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)  # running sum of exp2
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-
-    # row of this sequence's block table
+    # this sequence's block-table row
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    kv_head_off = kv_head * stride_kc_head
-    v_head_off = kv_head * stride_vc_head
-    for n0 in range(start, end, BLOCK_N):
-        offs_tok = n0 + offs_n  # [BLOCK_N] key positions in the sequence
-        tok_mask = offs_tok < end
-        # block_tables[seq, pos // BLOCK_SIZE]; masked so entries past seq_len are never read
-        block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
-        block_ids = block_ids.to(tl.int64)  # int64: block * stride overflows int32 on big caches
-        slot_offs = offs_tok % BLOCK_SIZE  # offset within the block
-        # k_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
-        k_ptrs = (
-            k_cache_ptr
-            + block_ids[:, None] * stride_kc_block
-            + slot_offs[:, None] * stride_kc_slot
-            + kv_head_off
-            + offs_d[None, :]
-        )
-        k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(q.dtype)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-        # scores [BLOCK_G, BLOCK_N] in the log2 domain
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(tok_mask[None, :], s, float("-inf"))
-        # every tile holds >= 1 valid key (n0 < end), so m_new is finite
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)  # rescales the old state; 0 on the first tile
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_G, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        # v_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
-        v_ptrs = (
-            v_cache_ptr
-            + block_ids[:, None] * stride_vc_block
-            + slot_offs[:, None] * stride_vc_slot
-            + v_head_off
-            + offs_d[None, :]
-        )
-        v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            v = v.to(q.dtype)
-        if UPCAST_DOT:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-    if KV_FP8:
-        acc = acc * v_scale
+    m_i, l_i, acc = attend_key_range(
+        q, k_cache_ptr, v_cache_ptr, kv_head * stride_kc_head, kv_head * stride_vc_head,
+        bt_row_ptr, start, end, qk_scale, v_scale,
+        stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+        ROWS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, KV_FP8=KV_FP8,
+        UPCAST_DOT=UPCAST_DOT, DOT_PRECISION=DOT_PRECISION,
+    )  # fmt: skip
 
     if NUM_SPLITS_IS_ONE:
         # out[seq, heads, d]; an empty context (seq_len 0) gives zeros, like the reference

@@ -42,6 +42,7 @@ from kernels.paged_decode_attention import (
     LOG2E,
     MAX_USER_SPLITS,
     _decode_reduce_kernel,
+    attend_key_range,
     decode_launch,
     paged_decode_attention,
     reduce_heads_per_program,
@@ -170,7 +171,6 @@ def _prefix_split_kernel(
 
     offs_m = tl.arange(0, BLOCK_M)  # [BLOCK_M] row = member * GROUP + head in the group
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
     member = offs_m // GROUP
     seqs = tl.load(
         group_rows_ptr + grp * MAX_ROWS + member, mask=member < MAX_ROWS, other=-1
@@ -187,56 +187,17 @@ def _prefix_split_kernel(
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-
     # the group's first row's block table holds the shared blocks (padding groups: row 0,
     # never read since their range is empty)
     leader = tl.maximum(tl.load(group_rows_ptr + grp * MAX_ROWS), 0)
     bt_row_ptr = block_tables_ptr + leader.to(tl.int64) * stride_bt_seq
-    kv_head_off = kv_head * stride_kc_head
-    v_head_off = kv_head * stride_vc_head
-    for n0 in range(start, end, BLOCK_N):
-        offs_tok = n0 + offs_n
-        tok_mask = offs_tok < end
-        block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
-        block_ids = block_ids.to(tl.int64)
-        slot_offs = offs_tok % BLOCK_SIZE
-        k_ptrs = (
-            k_cache_ptr
-            + block_ids[:, None] * stride_kc_block
-            + slot_offs[:, None] * stride_kc_slot
-            + kv_head_off
-            + offs_d[None, :]
-        )
-        k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(q.dtype)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, N]
-        s = tl.where(tok_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_ptrs = (
-            v_cache_ptr
-            + block_ids[:, None] * stride_vc_block
-            + slot_offs[:, None] * stride_vc_slot
-            + v_head_off
-            + offs_d[None, :]
-        )
-        v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            v = v.to(q.dtype)
-        if UPCAST_DOT:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-    if KV_FP8:
-        acc = acc * v_scale
+    m_i, l_i, acc = attend_key_range(
+        q, k_cache_ptr, v_cache_ptr, kv_head * stride_kc_head, kv_head * stride_vc_head,
+        bt_row_ptr, start, end, qk_scale, v_scale,
+        stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+        ROWS=BLOCK_M, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, KV_FP8=KV_FP8,
+        UPCAST_DOT=UPCAST_DOT, DOT_PRECISION=DOT_PRECISION,
+    )  # fmt: skip
 
     # every (row, head, prefix split) of a group's rows is written, empty splits as (-inf, 0, 0)
     row = seqs * num_heads + heads  # [BLOCK_M] flat (seq, head)

@@ -117,12 +117,18 @@ def variants(dt: str = "bf16"):
             {"x_ptr": dt, "q_ptr": fp8, "scale_ptr": "fp32", "static_scale_ptr": "fp32"},
             ("scale_ub",), {"STATIC": static, "BLOCK_K": 2048, "ROUND_IN_FP32": False}, 8, 1,
         )  # fmt: skip
-    for residual in (True, False):
+    # plain, and with e4m3 output for an FP8 layer (the 70B's hidden: 8192) as the engine runs it
+    norms = ((True, False, False, 4096), (False, False, False, 4096),
+             (True, True, False, 8192), (False, True, True, 8192))  # fmt: skip
+    for residual, quant, static, block_n in norms:
         yield (
             rms_norm._rms_norm_kernel,
-            {"x_ptr": dt, "residual_ptr": dt, "weight_ptr": dt, "out_ptr": dt,
-             "residual_out_ptr": dt},
-            ("eps",), {"HAS_RESIDUAL": residual, "BLOCK_N": 4096}, 4, 1,
+            {"x_ptr": dt, "residual_ptr": dt, "weight_ptr": dt, "out_ptr": fp8 if quant else dt,
+             "residual_out_ptr": dt, "scale_ptr": "fp32", "static_scale_ptr": "fp32"},
+            ("eps", "scale_ub"),
+            {"HAS_RESIDUAL": residual, "BLOCK_N": block_n, "QUANT": quant, "STATIC": static,
+             "ROUND_IN_FP32": False},
+            4 if block_n <= 4096 else 8, 1,
         )  # fmt: skip
     yield (
         rotary._rotary_kernel,
@@ -141,6 +147,12 @@ def variants(dt: str = "bf16"):
             4, 1,
         )  # fmt: skip
     yield silu_mul._silu_and_mul_kernel, {"x_ptr": dt, "out_ptr": dt}, (), {"BLOCK": 1024}, 4, 1
+    for static in (False, True):
+        yield (
+            silu_mul._silu_and_mul_fp8_kernel,
+            {"x_ptr": dt, "q_ptr": fp8, "scale_ptr": "fp32", "static_scale_ptr": "fp32"},
+            ("scale_ub",), {"STATIC": static, "BLOCK": 2048, "ROUND_IN_FP32": False}, 8, 1,
+        )  # fmt: skip
     # 16-bit (the 8B's projections) and W8A8 e4m3 (the 70B's, as the engine's FP8 layers run)
     for (m, n, k), e4m3 in (((1, 6144, 4096), False), ((32, 4096, 4096), False),
                             ((64, 4096, 14336), False), ((64, 28672, 4096), False),
