@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One H200 (~12 min, start/collect through benchmarks/device_jobs.sh): the 70B FP8 decode path
-# after the W8A8 skinny GEMM and the fp16 dots over an e4m3 cache.
+# after the W8A8 skinny GEMM and the fp16 dots over an e4m3 cache; the norms and SiLU-and-mul emit
+# the FP8 layers' e4m3 inputs (benchmarks/jobs/fp8_fused_quant.sh measures that fusion A/B).
 #   1. GPU tests of the kernels and the engine's fast paths;
 #   2. the e4m3-cache decode kernel at the 70B's heads (64 query, 8 KV), fp16 against bf16 dots
 #      (benchmarks/decode_fp8_sweep.py);
@@ -15,7 +16,8 @@ stamp() { echo "[$(date +%H:%M:%S)] $*"; }
 nvidia-smi -L
 [ -n "${SKIP_TESTS:-}" ] || { timeout 300 python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_skinny_gemm.py tests/kernels/test_paged_decode_attention.py \
-  tests/kernels/test_fp8_kv_cache.py tests/engine/test_gpu_paths.py > "$R/gpu_tests.log" 2>&1
+  tests/kernels/test_fp8_kv_cache.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_mul.py \
+  tests/engine/test_gpu_paths.py > "$R/gpu_tests.log" 2>&1
 stamp "tests rc=$?"; tail -4 "$R/gpu_tests.log"; }
 timeout 200 python3 -m benchmarks.decode_fp8_sweep --heads 64 --kv-heads 8 \
   --shapes "${ATTN_SHAPES:-64:2048,128:2048,256:1024}" --json "$R/decode_fp8_sweep_70b.json" \
