@@ -5,10 +5,12 @@
 #   2. the 70B FP8 (e4m3 KV) served on `seed` at 1.5 and 3 req/s, 120 s of arrivals each, with the
 #      brief's TTFT bound as the admission bound (FLEETLM_MAX_QUEUE_WAIT_S=0.8): the goodput sweep
 #      of issue 35 and, at 3 req/s (≈ 2× the forecast goodput), the overload run of issue 36;
-#   3. the 8B bf16 served at 24 req/s (2× its measured goodput), 120 s, the same admission bound:
+#   3. the 70B FP8 decode step kernel by kernel with the activation quantization fused into
+#      rms_norm / silu_mul and without (--unfused-fp8-quant), 64 rows at 2k context;
+#   4. the 8B bf16 served at 24 req/s (2× its measured goodput), 120 s, the same admission bound:
 #      issue 36's other overload run;
-#   4. every kernel test compiled on the GPU.
-# $SKIP: parts to leave out by name (tests serve70 serve8 kernels).
+#   5. every kernel test compiled on the GPU.
+# $SKIP: parts to leave out by name (tests serve70 fused serve8 kernels).
 . benchmarks/jobs/common.sh
 want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 nvidia-smi -L
@@ -24,6 +26,16 @@ if want serve70; then
     --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 --rates "${RATES70:-1.5,3}" --duration 120 \
     --no-stop-on-miss --json "$R/serve70/serve.json" > "$R/serve70.log" 2>&1
   stamp "serve70 rc=$?"; grep -E "req/s|goodput|forecast|refused|503" "$R/serve70/bench.log" | tail -20
+fi
+if want fused; then  # the FP8 activation quantization fused into rms_norm / silu_mul, A/B
+  for mode in fused unfused; do
+    flag=""; [ "$mode" = unfused ] && flag="--unfused-fp8-quant"
+    PYTHONPATH=$PWD timeout 300 python3 -m benchmarks.decode_breakdown --model llama-3.1-70b \
+      --quantization fp8 --kv-cache-dtype fp8 --parts decode $flag --batches 64 --context 2000 \
+      --steps 10 --json "$R/decode_breakdown_70b_fp8_$mode.json" \
+      > "$R/decode_breakdown_70b_fp8_$mode.log" 2>&1
+    stamp "breakdown $mode rc=$?"; grep -E "decode B=|ms  x" "$R/decode_breakdown_70b_fp8_$mode.log" | head -12
+  done
 fi
 if want serve8; then
   OUT=$R/serve8 benchmarks/device_serve.sh --launch --model llama-3.1-8b \
