@@ -18,11 +18,11 @@ from api.metrics import ADMISSIONS, REJECTIONS, ROUTED
 from api.relay import relay_events
 from api.sse import ChunkTemplate, EventStreamResponse, Peer, attach_peer, sse
 from api.state import AppState
-from metering import ratelimit as rl
 from metering.keys import Principal
 from service.admission import enqueue, publish_cancel
 from service.errors import APIError, event_error, redis_unavailable
 from service.events import FINAL_EVENTS
+from service.limit_reservations import drop_slot
 from service.limits import release, reserve
 from service.logging_setup import request_id_var
 from service.queued_request import QueuedRequest
@@ -255,8 +255,8 @@ async def _forget(state: AppState, queued: QueuedRequest) -> None:
     if queued.reservation is not None:
         await _until_redis_returns(state, lambda: release(state, queued), rid)
     else:  # the reservation may have run without its reply reaching us: free the slot
-        slot = rl.running_key(queued.tenant_id, queued.priority)
-        await _until_redis_returns(state, lambda: state.redis.zrem(slot, rid), rid)
+        slot = lambda: drop_slot(state.redis, queued.tenant_id, queued.priority, rid)  # noqa: E731
+        await _until_redis_returns(state, slot, rid)
 
 
 async def _until_redis_returns(state: AppState, call, request_id: str) -> None:

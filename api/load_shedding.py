@@ -42,6 +42,7 @@ from api.relay import live_workers
 from service import streams as p
 from service.admission import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, queued_tokens
 from service.errors import APIError
+from service.queue_ownership import queued_tokens_call
 from service.queued_request import QueuedRequest
 from service.settings import Settings
 
@@ -56,37 +57,6 @@ OVERLOAD_REFUSALS = Counter(
     "line: ttft (the predicted time to first token) or kv (no worker has KV headroom).",
     ["priority", "reason"], registry=None,
 )  # fmt: skip
-
-# KEYS: per priority, its token counter then its queues (shared and routed). ARGV: the group,
-# then per priority how many queues it has. Returns each counter; one whose queues have nothing
-# undelivered (every entry pending on a worker) is reset to 0 first, which heals the drift a
-# worker that died between reading entries and reporting them leaves behind.
-LOAD_SCRIPT = """
-local out = {}
-local k = 1
-for i = 2, #ARGV do
-  local counter, num_queues = KEYS[k], tonumber(ARGV[i])
-  local tokens = tonumber(redis.call('GET', counter) or '0')
-  if tokens ~= 0 then
-    local undelivered = 0
-    for q = k + 1, k + num_queues do
-      local pending = redis.pcall('XPENDING', KEYS[q], ARGV[1])  -- an error until a worker exists
-      if pending.err == nil then
-        undelivered = undelivered + redis.call('XLEN', KEYS[q]) - pending[1]
-      else
-        undelivered = undelivered + redis.call('XLEN', KEYS[q])
-      end
-    end
-    if undelivered <= 0 then
-      redis.call('SET', counter, 0)
-      tokens = 0
-    end
-  end
-  table.insert(out, math.max(tokens, 0))
-  k = k + 1 + num_queues
-end
-return out
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,11 +169,7 @@ class LoadShedder:
 
 async def read_load(redis: Redis) -> Load:
     routes = sorted(await redis.smembers(p.ROUTES_SET))
-    keys: list[str] = []
-    for prio in p.PRIORITIES:
-        keys += [p.queued_tokens_key(prio), *p.queue_keys(prio, routes)]
-    sizes = [len(routes) + 1] * len(p.PRIORITIES)
-    tokens = await redis.eval(LOAD_SCRIPT, len(keys), *keys, p.GROUP, *sizes)
+    tokens = await redis.eval(*queued_tokens_call(routes))
     workers = await live_workers(redis)
     rates: list[float] = []
     outputs: list[float] = []

@@ -15,9 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from metering.writer import MeteringWriter
     from service.embedded import resolve_urls
     from service.logging_setup import configure_logging
+    from service.metering_writer import MeteringWriter
     from service.settings import Settings
 
     settings = Settings()

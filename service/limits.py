@@ -1,13 +1,14 @@
 # Tenant limits at admission: one Lua script reserves a concurrency slot and prompt + max_tokens
-# tokens for the request's priority (metering/ratelimit.py); over a limit → 429 with Retry-After and
-# x-ratelimit-* headers. The reservation rides on the queued request, and whoever ends the
-# request (the worker's finish, or the API when the enqueue itself fails) releases it.
+# tokens for the request's priority (service/limit_reservations.py); over a limit → 429 with
+# Retry-After and x-ratelimit-* headers. The reservation rides on the queued request, and whoever
+# ends the request (the worker's finish, or the API when the enqueue itself fails) releases it.
 from __future__ import annotations
 
 import math
 
-from metering import ratelimit as rl
 from metering.keys import Principal
+from metering.ratelimit import PriorityLimit
+from service import limit_reservations as rl
 from service.context import AdmissionContext
 from service.errors import APIError
 from service.queued_request import QueuedRequest
@@ -25,7 +26,7 @@ def duration(ms: int) -> str:
     return f"{minutes}m{seconds}" if minutes else seconds
 
 
-def _headers(limit: rl.PriorityLimit, d: rl.Decision, retry_s: int) -> dict[str, str]:
+def _headers(limit: PriorityLimit, d: rl.Decision, retry_s: int) -> dict[str, str]:
     headers: dict[str, str] = {}
     if limit.max_concurrency is not None:
         remaining = max(0, limit.max_concurrency - d.running)
@@ -57,12 +58,11 @@ async def reserve(
     """Admits or raises 429; on admission records the reservation on `queued`."""
     limit = principal.limit(queued.priority)
     tokens = reserved_tokens(state, queued)
+    lease_s = state.settings.limit_lease_s
     raw = await state.redis.eval(
-        rl.RESERVE_SCRIPT,
-        2,
-        rl.running_key(queued.tenant_id, queued.priority),
-        rl.tokens_key(queued.tenant_id, queued.priority),
-        *rl.reserve_args(limit, queued.request_id, tokens, state.settings.limit_lease_s),
+        *rl.reserve_call(
+            queued.tenant_id, queued.priority, limit, queued.request_id, tokens, lease_s
+        )
     )
     d = rl.decision(raw)
     headers = _headers(limit, d, REQUESTS_RETRY_S)

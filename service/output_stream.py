@@ -4,8 +4,9 @@
 #
 # - A worker that lost the request. When a worker is taken for dead, another one claims its
 #   queue entry and appends a `resume` event in the same Lua call that read the stream
-#   (workers/ownership.py). From that event on, the stream belongs to the resuming worker: events
-#   of any other worker are stale (a worker that was only cut off from Redis, say) and skipped.
+#   (service/queue_ownership.py). From that event on, the stream belongs to the resuming worker:
+#   events of any other worker are stale (a worker that was only cut off from Redis, say) and
+#   skipped.
 # - A retried round trip. A worker whose pipeline failed half way sends it again, so a delta may
 #   appear twice. Each delta carries the output position it reaches (completion_tokens); one
 #   that does not move past what was delivered is a duplicate.

@@ -6,7 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from metering.ratelimit import Priority, Reservation
+from metering.ratelimit import Priority
+from service.limit_reservations import Reservation
 
 Endpoint = Literal["chat.completions", "completions"]
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from engine.block_hash import hash_hex, prefix_block_hashes
 from service import streams as p
+from service.queue_ownership import PENDING_LUA
 from service.queued_request import QueuedRequest
 from service.settings import Settings
 
@@ -49,7 +50,9 @@ def routed_inflight_field(priority: str) -> str:
 # worker's entries of this queue (routed_inflight_field), then the routes' worker ids (their
 # consumer names), then the prompt's leading block hashes.
 # Returns false when the queue limit is reached, else {entry id, queue, matched blocks}.
-ROUTE_SCRIPT = """
+ROUTE_SCRIPT = (
+    PENDING_LUA
+    + """
 local total = redis.call('XLEN', KEYS[1])
 local num_routes = (#KEYS - 2) / 4
 local hashes = {}
@@ -57,15 +60,6 @@ for i = 11 + num_routes, #ARGV do hashes[#hashes + 1] = ARGV[i] end
 local num_blocks, block_size = tonumber(ARGV[5]), tonumber(ARGV[6])
 local weight, first = tonumber(ARGV[7]), tonumber(ARGV[8])
 local out_blocks, inflight_field = tonumber(ARGV[9]), ARGV[10]
-
--- Entries of `queue` delivered to `consumer` (its worker) and not yet acknowledged.
-local function pending_of(info, consumer)
-  if type(info) ~= 'table' or info.err or type(info[4]) ~= 'table' then return 0 end
-  for _, c in ipairs(info[4]) do
-    if c[1] == consumer then return tonumber(c[2]) end
-  end
-  return 0
-end
 
 local target, best, best_matched = KEYS[1], nil, 0
 for j = 0, num_routes - 1 do
@@ -83,12 +77,10 @@ for j = 0, num_routes - 1 do
         local found = redis.call('SMISMEMBER', KEYS[base + 4], unpack(hashes))
         while matched < #found and found[matched + 1] == 1 do matched = matched + 1 end
       end
-      local pending = 0
-      local info = redis.pcall('XPENDING', queue, 'workers')
-      if type(info) == 'table' and info.err == nil then pending = info[1] end
-      local entries = math.max(length - pending, 0)
+      local info = pending_summary(queue, 'workers')
+      local entries = math.max(length - num_pending(info), 0)
       if s[5] then  -- read by the worker since its stats were written
-        local mine = pending_of(info, ARGV[11 + route])
+        local mine = pending_on(info, ARGV[11 + route])
         entries = entries + math.max(mine - tonumber(s[5]), 0)
       end
       local uncached = num_blocks - matched
@@ -105,6 +97,7 @@ if total >= tonumber(ARGV[1]) then return false end
 redis.call('INCRBY', KEYS[2], tonumber(ARGV[3]))
 return {redis.call('XADD', target, '*', 'r', ARGV[2]), target, best_matched}
 """
+)
 
 
 @dataclass(frozen=True, slots=True)

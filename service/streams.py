@@ -32,7 +32,8 @@
 #   fleetlm:worker:{id}:control     list of control commands for that worker (service/control.py;
 #                                   expires)
 #   fleetlm:control:{token}         list a control command's replies go to (expires)
-# Tenant limits keep their own keys beside their scripts (metering/ratelimit.py).
+# Tenant limits keep their own keys beside their scripts (service/limit_reservations.py); the
+# Lua that reads who holds a queue entry is service/queue_ownership.py.
 from __future__ import annotations
 
 from metering.ratelimit import PRIORITIES as PRIORITIES

@@ -24,13 +24,14 @@ from metering.batch_models import Batch, BatchRequest
 from metering.batches import ACTIVE, FINAL, lock_for_pump, now, rearm_stale_pumps
 from metering.files import create_file, get_file
 from metering.keys import principal_of_key
-from metering.ratelimit import release_call
 from metering.records import usage_counts
 from service import streams as p
 from service.errors import event_error
 from service.events import FINAL_EVENTS, Event, decode_event
+from service.limit_reservations import release_call
 from service.output_stream import follow
 from service.prepare import chat_tool_mode, completion_echo, prompt_ids
+from service.queue_ownership import drop_unread_call
 from service.queued_request import QueuedRequest
 from service.redis_clients import async_redis, sync_redis
 from service.schemas.chat import ChatCompletionRequest, ChatFormatter
@@ -43,17 +44,6 @@ from workers import batch_admission as ba
 log = logging.getLogger("fleetlm.batches")
 
 MAX_REPORTED_ERRORS = 100  # in the batch object's `errors`; the error file lists them all
-
-# Drops a queued line that no worker has read yet: XDEL unless it is pending in the consumer
-# group (then a worker holds it, and the cancel key stops it). Returns the entry's request.
-DROP_SCRIPT = """
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
-if #pending > 0 then return false end
-local entry = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
-if #entry == 0 then return '' end
-return entry[1][2][2]
-"""
 
 
 class Runner:
@@ -243,7 +233,7 @@ class Runner:
         ttl = self.settings.output_ttl_s
         for row in rows:
             self.redis.set(p.cancel_key(row.request_id), "1", ex=ttl)
-            raw = self.redis.eval(DROP_SCRIPT, 1, p.queue_key("batch"), p.GROUP, row.entry_id)
+            raw = self.redis.eval(*drop_unread_call(p.queue_key("batch"), row.entry_id))
             if raw is None:
                 continue  # a worker holds it: its final event comes once the cancel lands
             if raw:

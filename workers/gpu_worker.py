@@ -8,7 +8,7 @@
 # XAUTOCLAIM by other workers takes only the entries of a worker that stopped heartbeating.
 #
 # Redis away: a round trip that fails leaves everything it carried to the next one (what it
-# publishes is idempotent for readers, its finishes are fenced: workers/ownership.py) and the
+# publishes is idempotent for readers, its finishes are fenced: service/queue_ownership.py) and the
 # worker stops stepping — the engine keeps its state, nothing is generated that nobody can
 # receive — and retries with back-off. When Redis answers again it publishes what waited and
 # carries on; after `redis_outage_s` it ends its requests explicitly (billing what it had

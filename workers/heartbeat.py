@@ -1,9 +1,9 @@
 # A worker's heartbeat, on its own thread and Redis connection: every heartbeat_interval_s it
 # refreshes the worker's alive key (TTL worker_dead_after_s) and resets the idle time of the
 # queue entries it runs, so XAUTOCLAIM by other workers takes only the entries of a worker that
-# stopped heartbeating. Fenced (workers/ownership.py): an entry no longer pending on this worker
-# was claimed by another while this one was cut off from Redis; it is reported as lost, and the
-# step loop drops the request without a word (the other worker runs and bills it).
+# stopped heartbeating. Fenced (service/queue_ownership.py): an entry no longer pending on this
+# worker was claimed by another while this one was cut off from Redis; it is reported as lost, and
+# the step loop drops the request without a word (the other worker runs and bills it).
 from __future__ import annotations
 
 import logging
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import redis
 
-from workers.ownership import heartbeat_call
+from service.queue_ownership import heartbeat_call
 
 log = logging.getLogger("fleetlm.worker")
 

@@ -4,7 +4,7 @@
 # only once Redis took that round trip (confirm). A round trip that failed — Redis paused,
 # restarting, a connection cut half way — is simply written again: readers skip a delta they
 # already have (service/output_stream.py), ends and hand-backs are fenced on queue-entry
-# ownership (workers/ownership.py), acknowledgements and a busy record twice are harmless.
+# ownership (service/queue_ownership.py), acknowledgements and a busy record twice are harmless.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,10 +16,10 @@ from engine.outputs import RequestDelta
 from metering.records import RequestRecord, usage_counts
 from service import streams as p
 from service.events import DoneEvent, ErrorEvent
+from service.queue_ownership import finish_call, requeue_call
 from service.settings import Settings
 from workers.inflight import Inflight
 from workers.output_events import delta_event_json, final_event
-from workers.ownership import finish_call, requeue_call
 from workers.usage import usage_record
 
 # A stream's TTL is set with its first event and refreshed every this many (and at its end),

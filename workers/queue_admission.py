@@ -10,11 +10,11 @@ from typing import Any
 from engine import SamplingParams
 from service.events import decode_event, error_event
 from service.output_stream import follow
+from service.queue_ownership import takeover_call
 from service.queued_request import QueuedRequest
 from service.redis_clients import UNREACHABLE
 from workers.inflight import Inflight
 from workers.output_events import cancelled_before_takeover
-from workers.ownership import takeover_call
 
 log = logging.getLogger("fleetlm.worker")
 

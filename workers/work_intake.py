@@ -6,7 +6,7 @@
 # Interactive before batch, and batch only with headroom, as without routing. One Lua call takes
 # at most `room` entries in that order and delivers them to this worker in the consumer group,
 # so fencing, heartbeats and XAUTOCLAIM treat a taken entry like any other
-# (workers/ownership.py).
+# (service/queue_ownership.py).
 #
 # The set of routed workers (fleetlm:routes) is re-read every heartbeat interval; a worker that
 # is dead and whose queues are empty is then removed with its queues and its published blocks.

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from metering.db import transaction
-from metering.ratelimit import window_key
 from metering.tenants import revoke_key
+from service.limit_reservations import window_key
 from tests.api.conftest import SETTINGS
 from tests.waiting import wait_until
 
@@ -80,7 +80,7 @@ def test_tokens_per_minute_reserve_and_refuse(app_client, make_tenant, worker, r
         assert refused.headers["x-ratelimit-limit-tokens"] == "600"
         assert refused.headers["x-ratelimit-remaining-tokens"] == "90"
         # It fits once this minute's 510 tokens have slid out far enough: the rest of this minute,
-        # then 60 × (1 − 490/510) ≈ 2.4 s of the next one (metering/ratelimit.py).
+        # then 60 × (1 − 490/510) ≈ 2.4 s of the next one (service/limit_reservations.py).
         assert 1 <= int(refused.headers["retry-after"]) <= 63
         # Until the window counts nothing: the rest of this minute, then all of the next.
         assert 60 <= seconds(refused.headers["x-ratelimit-reset-tokens"]) <= 120

@@ -1,7 +1,7 @@
 # Tenant limits end to end: no overshoot under a concurrent burst, the unused part of a
 # reservation refunded once when a request ends, batch and interactive budgets kept apart.
 # (Headers, too-large requests and revoked keys: tests/api/test_limits.py; the token window's
-# script: tests/metering/test_ratelimit.py.)
+# script: tests/service/test_limit_reservations.py.)
 from __future__ import annotations
 
 import threading
@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from service.limit_reservations import window_key
 from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,7 +43,7 @@ def away_from_minute_edge() -> None:
 def tokens_used(server, tenant: str, priority: str = "interactive") -> int:
     (tenant_id,) = server.query("SELECT id FROM tenants WHERE name = :n", n=tenant)[0]
     window = int(time.time() // 60)
-    value = server.redis.get(f"fleetlm:limit:{tenant_id}:{priority}:tpm:{window}")
+    value = server.redis.get(window_key(tenant_id, priority, window))
     return int(value or 0)
 
 
@@ -119,7 +120,7 @@ def test_tokens_per_minute_reserve_then_refund(server):
         assert refused.json()["error"]["type"] == "tokens"
         assert refused.headers["x-ratelimit-remaining-tokens"] == "90"
         # It fits once this minute's 510 tokens have slid out far enough: the rest of this minute,
-        # then 60 × (1 − 490/510) ≈ 2.4 s of the next one (metering/ratelimit.py).
+        # then 60 × (1 − 490/510) ≈ 2.4 s of the next one (service/limit_reservations.py).
         assert 1 <= int(refused.headers["retry-after"]) <= 63
         assert refused.headers["x-ratelimit-reset-tokens"].endswith("s")
         for line in r.iter_lines():  # a few tokens, then hang up: cancelled

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from metering.db import make_engine, make_sessionmaker, transaction
 from metering.records import METERING_STREAM
 from metering.tenants import create_tenant
-from metering.writer import GROUP, MeteringWriter
+from service.metering_writer import GROUP, MeteringWriter
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from metering.models import UsageRecord
 from metering.records import METERING_STREAM as STREAM
 from metering.records import decode_record, encode_record
-from metering.writer import DEAD_LETTER_STREAM, GROUP, MeteringWriter
+from service.metering_writer import DEAD_LETTER_STREAM, GROUP, MeteringWriter
 from tests.metering.conftest import drain
 from tests.metering.records import usage_record
 

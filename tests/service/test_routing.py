@@ -19,13 +19,6 @@ BS = 16
 PROMPT = list(range(100, 100 + 8 * BS + 3))  # 8 full blocks, the last one partial
 
 
-@pytest.fixture
-def rds(services):
-    r = redis.Redis.from_url(services.redis_url, decode_responses=True)
-    yield r
-    r.close()
-
-
 class Fleet:
     def __init__(self, rds: redis.Redis) -> None:
         self.rds = rds

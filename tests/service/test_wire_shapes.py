@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from metering.ratelimit import Reservation
 from metering.records import (
     BusyRecord,
     RequestRecord,
@@ -19,6 +18,7 @@ from metering.records import (
     usage_counts,
 )
 from service.events import decode_event, encode_event, error_event
+from service.limit_reservations import Reservation
 from service.queued_request import QueuedRequest, Sampling
 from service.schemas.sampling import Usage
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from metering import ratelimit as rl
+from metering.ratelimit import PriorityLimit
+from service import limit_reservations as rl
 from service import streams as p
 from service.events import encode_event
 from tests.waiting import wait_until
@@ -24,16 +25,12 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def reserve(rds, queued, tokens: int) -> None:
-    """The reservation admission makes (metering/ratelimit.py), riding on the request."""
-    limit = rl.PriorityLimit(max_concurrency=4, tokens_per_minute=10_000)
-    raw = rds.eval(
-        rl.RESERVE_SCRIPT,
-        2,
-        rl.running_key(queued.tenant_id, queued.priority),
-        rl.tokens_key(queued.tenant_id, queued.priority),
-        *rl.reserve_args(limit, queued.request_id, tokens, 3600),
+    """The reservation admission makes (service/limit_reservations.py), riding on the request."""
+    limit = PriorityLimit(max_concurrency=4, tokens_per_minute=10_000)
+    call = rl.reserve_call(
+        queued.tenant_id, queued.priority, limit, queued.request_id, tokens, 3600
     )
-    decision = rl.decision(raw)
+    decision = rl.decision(rds.eval(*call))
     assert decision.admitted
     queued.reservation = rl.Reservation(decision.window, tokens)
 

@@ -1,7 +1,7 @@
-# Fencing on queue-entry ownership (workers/ownership.py), on the real Redis: once another worker
-# has claimed an entry, the worker that lost it can no longer finish the request (no second usage
-# record, no release), hand it back, or keep its entry fresh (the heartbeat reports it lost);
-# a takeover reads the stream and appends its resume event in one step.
+# Fencing on queue-entry ownership (service/queue_ownership.py), on the real Redis: once another
+# worker has claimed an entry, the worker that lost it can no longer finish the request (no
+# second usage record, no release), hand it back, or keep its entry fresh (the heartbeat reports
+# it lost); a takeover reads the stream and appends its resume event in one step.
 from __future__ import annotations
 
 import json
@@ -13,8 +13,8 @@ import pytest
 from metering.records import METERING_STREAM, RequestRecord, usage_counts
 from service import streams as p
 from service.events import decode_event, encode_event
+from service.queue_ownership import finish_call, heartbeat_call, requeue_call, takeover_call
 from tests.wire import queued_request
-from workers.ownership import finish_call, heartbeat_call, requeue_call, takeover_call
 
 QUEUE = "fleetlm:q:ownership-test"
 

@@ -1,21 +1,12 @@
-# The tokens-per-minute window of the reservation script (metering/ratelimit.py), on the embedded
-# Redis: a sliding 60-second window estimated from two minute counters.
+# The tokens-per-minute window of the reservation script (service/limit_reservations.py), on the
+# embedded Redis: a sliding 60-second window estimated from two minute counters.
 from __future__ import annotations
 
 import time
 import uuid
 
-import pytest
-import redis
-
-from metering import ratelimit as rl
-
-
-@pytest.fixture
-def rds(services):
-    r = redis.Redis.from_url(services.redis_url, decode_responses=True)
-    yield r
-    r.close()
+from metering.ratelimit import PriorityLimit
+from service import limit_reservations as rl
 
 
 def test_token_window_slides_over_the_minute_boundary(rds):
@@ -24,14 +15,16 @@ def test_token_window_slides_over_the_minute_boundary(rds):
     if time.time() % 60 > 45:  # the previous minute's weight must stay large for the check
         time.sleep(61 - time.time() % 60)
     r = rds
-    prefix = f"fleetlm:limit:test-{uuid.uuid4().hex[:6]}:interactive:tpm"
-    running = prefix.replace(":tpm", ":running")
+    tenant = f"test-{uuid.uuid4().hex[:6]}"
     minute = int(time.time() // 60)
-    r.set(f"{prefix}:{minute - 1}", 10_000)  # ten times the limit, all in the previous minute
+    previous = rl.window_key(tenant, "interactive", minute - 1)
+    r.set(previous, 10_000)  # ten times the limit, all in the previous minute
 
     def reserve(tokens: int, request_id: str) -> rl.Decision:
-        args = rl.reserve_args(rl.PriorityLimit(tokens_per_minute=1000), request_id, tokens, 60)
-        return rl.decision(r.eval(rl.RESERVE_SCRIPT, 2, running, prefix, *args))
+        limit = PriorityLimit(tokens_per_minute=1000)
+        return rl.decision(
+            r.eval(*rl.reserve_call(tenant, "interactive", limit, request_id, tokens, 60))
+        )
 
     elapsed = time.time() % 60
     d = reserve(1, "a")
@@ -42,7 +35,7 @@ def test_token_window_slides_over_the_minute_boundary(rds):
     expected_ms = (d.tokens_used - 999) / (10_000 / 60) * 1000
     assert abs(d.reset_ms - expected_ms) < 2500
     # An empty previous minute: the current one alone counts, as before.
-    r.delete(f"{prefix}:{minute - 1}")
+    r.delete(previous)
     assert reserve(400, "b").admitted and reserve(600, "c").admitted
     d = reserve(1, "d")
     assert not d.admitted and d.tokens_used == 1000
