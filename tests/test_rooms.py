@@ -229,3 +229,29 @@ def test_rate_limit_keys_and_queue_ownership_reads_have_one_owner():
             if any(literal in text for text in _string_constants(module))
         )
         assert holders == [owner], f"{literal!r} is written in {holders}, only {owner} may"
+
+
+def _classes(room: str) -> dict[str, ast.ClassDef]:
+    return {
+        f"{module}.{node.name}": node
+        for module, path in modules().items()
+        if room_of(module) == room
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def test_the_gpu_worker_is_composed_of_its_parts_not_mixed_in():
+    # The worker holds the objects it owns (round trip, admission, request ends, lease watch),
+    # each built with what it needs; no class of workers/ is another's base.
+    classes = _classes("workers")
+    (worker,) = [node for name, node in classes.items() if name.endswith(".GpuWorker")]
+    assert not worker.bases, f"GpuWorker derives from {[ast.unparse(b) for b in worker.bases]}"
+    ours = {name.rpartition(".")[2] for name in classes}
+    mixed = sorted(
+        f"{name} derives from {ast.unparse(base)}"
+        for name, node in classes.items()
+        for base in node.bases
+        if ast.unparse(base).rpartition(".")[2] in ours
+    )
+    assert not mixed, "\n".join(mixed)

@@ -14,13 +14,14 @@
 # carries on; after `redis_outage_s` it ends its requests explicitly (billing what it had
 # published) and keeps waiting for Redis to deliver those ends. It never exits on a Redis error.
 #
-# The class is assembled from its parts: the loop and its lifecycle here, the round trip in
-# workers/round_trip.py, taking requests in in workers/queue_admission.py, ending them other
-# than by finishing (outage, drain, shutdown) in workers/request_ends.py, stopping those whose
-# API process died in workers/client_leases.py.
+# The worker is composed of the objects it owns, each handed what it reads and writes: the loop
+# and its lifecycle here, the round trip in workers/round_trip.py (which holds the outage
+# state), taking requests in in workers/queue_admission.py, ending them other than by
+# finishing (outage, drain, shutdown) in workers/request_ends.py, stopping those whose API
+# process died in workers/client_leases.py. The requests it runs (`inflight`, guarded by
+# `lock` against the heartbeat thread) are shared by all of them.
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -28,32 +29,32 @@ import secrets
 import socket
 import threading
 import time
+from functools import partial
 
 import redis
 
 from engine import LLMEngine
 from service import streams as p
-from service.redis_clients import UNREACHABLE, Backoff, sync_redis
+from service.redis_clients import UNREACHABLE, sync_redis
 from service.settings import Settings
 from workers.client_leases import ClientLeaseWatch
 from workers.control import WorkerControl
+from workers.exchange import Exchange
 from workers.heartbeat import Heartbeat
-from workers.inflight import Inflight
-from workers.intake_budget import IntakeBudget
+from workers.inflight import Inflight, owned_entries
 from workers.load_report import LoadReport
 from workers.metrics import WorkerMetrics
 from workers.metrics_publisher import MetricsPublisher
 from workers.outbox import Outbox
 from workers.poll_pacer import SPIN_S, PollPacer
-from workers.prefix_publisher import PrefixPublisher
 from workers.queue_admission import QueueAdmission
 from workers.request_ends import RequestEnds
-from workers.round_trip import Exchange, RoundTrip
+from workers.round_trip import RoundTrip, until_redis_answers
 from workers.step_prices import StepPrices
 from workers.step_timing import StepTiming
 from workers.torch_threads import apply_torch_threads
 from workers.usage import BusyMeter
-from workers.work_intake import HOW, Intake
+from workers.worker_counts import WorkerCounts
 
 log = logging.getLogger("fleetlm.worker")
 
@@ -68,55 +69,77 @@ def build_engine(settings: Settings) -> LLMEngine:
     return LLMEngine(settings.engine_config())
 
 
-class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
+class GpuWorker:
     def __init__(self, settings: Settings, redis_url: str, worker_id: str | None = None) -> None:
         self.settings = settings
-        self.worker_id = worker_id or new_worker_id()
+        self.worker_id = worker_id = worker_id or new_worker_id()
         # An idle worker's XREADGROUP blocks half a heartbeat interval.
         self.redis = sync_redis(redis_url, settings, block_s=settings.heartbeat_interval_s)
-        self.engine = build_engine(settings)
+        self.engine = engine = build_engine(settings)
         self.inflight: dict[str, Inflight] = {}
-        self._lock = threading.Lock()  # guards `inflight` against the heartbeat thread
-        self.outbox = Outbox(self.worker_id, settings)  # what waits for a round trip
+        self.lock = threading.Lock()  # guards `inflight` against the heartbeat thread
+        self.outbox = Outbox(worker_id, settings)  # what waits for a round trip
         self.stopping = threading.Event()
         # Drain (SIGTERM): read no new work, hand back the unstarted, let the rest finish until
         # drain_timeout_s, then end what still runs (`shutdown` error, billed as published).
         self.draining = threading.Event()
-        self._drain_deadline: float | None = None
-        self.outage_since: float | None = None  # Redis unreachable since (monotonic)
-        self._outage_ended = False  # requests were ended for this outage
-        self._backoff = Backoff()
-        self._reclaim_after = 0.0  # monotonic: no XAUTOCLAIM before (others' heartbeats resume)
-        self.num_steps = 0
-        self.last_cancel_step = -1  # the step after which the last cancel freed its KV blocks
-        self._last_reclaim = 0.0
-        self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
-        self._dead_after_ms = int(settings.worker_dead_after_s * 1000)
-        self.intake = Intake(self.worker_id)  # its queues, and the other routed workers'
-        self._took_nothing = False  # the last take found nothing: an idle worker may block
-        self.taken = dict.fromkeys(HOW, 0)  # requests by how this worker came by them
-        self.prefix = PrefixPublisher(
-            self.engine.block_manager, self.worker_id, settings, self._dead_after_ms
-        )
+        self.counts = WorkerCounts()
+        dead_after_ms = int(settings.worker_dead_after_s * 1000)
         self.heartbeat = Heartbeat(
-            sync_redis(redis_url, settings),
-            self.worker_id,
-            settings.model_name,
-            self._dead_after_ms,
-            self._owned,
-        )
-        self.busy = BusyMeter(self.worker_id, settings.busy_interval_s)
+            sync_redis(redis_url, settings), worker_id, settings.model_name, dead_after_ms,
+            partial(owned_entries, self.inflight, self.lock),
+        )  # fmt: skip
+        self.busy = BusyMeter(worker_id, settings.busy_interval_s)
         self.load = LoadReport()
         self.prices = StepPrices()  # what a turn costs, fit on this worker's own turns
-        self.budget: IntakeBudget | None = None  # the last turn's (workers/intake_budget.py)
         self.pacer = PollPacer()
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.metrics_publisher = MetricsPublisher(
             sync_redis(redis_url, settings), self.metrics.registry,
-            p.metrics_key(self.worker_id), self._dead_after_ms,
+            p.metrics_key(worker_id), dead_after_ms,
         )  # fmt: skip
-        self.step_timing = StepTiming(self.engine, self.worker_id, settings.worker_step_trace_dir)
-        self.control = WorkerControl(self.engine, settings, redis_url, self.worker_id)
+        self.step_timing = StepTiming(engine, worker_id, settings.worker_step_trace_dir)
+        self.control = WorkerControl(engine, settings, redis_url, worker_id)
+        inflight, lock = self.inflight, self.lock
+        self.admission = QueueAdmission(
+            engine, self.redis, worker_id, inflight, lock, self.outbox, self._took
+        )
+        self.leases = ClientLeaseWatch(engine, inflight, lock, settings.api_lease_ttl_s)
+        self.trip = RoundTrip(
+            settings=settings,
+            worker_id=worker_id,
+            redis_client=self.redis,
+            engine=engine,
+            inflight=inflight,
+            lock=lock,
+            outbox=self.outbox,
+            counts=self.counts,
+            took=self._took,
+            admission=self.admission,
+            leases=self.leases,
+            heartbeat=self.heartbeat,
+            busy=self.busy,
+            load=self.load,
+            prices=self.prices,
+            metrics=self.metrics,
+            metrics_publisher=self.metrics_publisher,
+            step_timing=self.step_timing,
+            draining=self.draining,
+            stopping=self.stopping,
+        )
+        self.ends = RequestEnds(
+            settings=settings,
+            worker_id=worker_id,
+            engine=engine,
+            inflight=inflight,
+            lock=lock,
+            outbox=self.outbox,
+            trip=self.trip,
+            busy=self.busy,
+            metrics=self.metrics,
+            metrics_publisher=self.metrics_publisher,
+            stopping=self.stopping,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -125,7 +148,7 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
         # re-scanning them in every full collection on the step path.
         gc.collect()
         gc.freeze()
-        self._until_redis_answers(self._create_groups)
+        until_redis_answers(self.stopping, self.trip.create_groups)
         threading.Thread(
             target=self.heartbeat.run,
             args=(self.stopping, self.settings.heartbeat_interval_s),
@@ -140,72 +163,34 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
         try:
             while not self.stopping.is_set():
                 self.control.run_pending()  # /reset_prefix_cache, /start_profile, ...
-                if self.draining.is_set() and self._drained():
+                if self.draining.is_set() and self.ends.drained():
                     break
                 self._turn()
         finally:
             self.control.close()
             self.step_timing.flush(force=True)
             self.step_timing.close()
-            self._shutdown()
-
-    def _create_groups(self) -> None:
-        # Stats before the first heartbeat: a worker seen alive always has them; alive before
-        # it joins the routes, where a worker without a heartbeat counts as gone.
-        stats_key = p.stats_key(self.worker_id)
-        self.redis.hset(stats_key, mapping=self._stats_mapping(self.engine.stats()))
-        self.redis.expire(stats_key, 60)
-        self.heartbeat.beat()
-        self._register()
-
-    def _register(self) -> None:
-        """The consumer group on the shared queues and on this worker's own (routed) queues,
-        and the worker in the routes set."""
-        for priority in p.PRIORITIES:
-            for queue in (p.queue_key(priority), self.intake.own(priority)):
-                try:
-                    self.redis.xgroup_create(queue, p.GROUP, id="0", mkstream=True)
-                except redis.ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
-        self.redis.sadd(p.ROUTES_SET, self.worker_id)
-
-    def _update_routes(self, members: set[str]) -> None:
-        others = tuple(sorted(w for w in members if w != self.worker_id))
-        self.intake = Intake(self.worker_id, others)
-        if self.worker_id not in members and not self.draining.is_set():
-            # Taken for dead while cut off from Redis (its queues were removed): register again.
-            with contextlib.suppress(*UNREACHABLE):
-                self._register()
+            self.ends.shutdown()
 
     def _took(self, how: str) -> None:
-        self.taken[how] += 1
+        self.counts.taken[how] += 1
         self.metrics.taken.labels(self.settings.model_name, how).inc()
-
-    def _until_redis_answers(self, call) -> None:
-        backoff = Backoff()
-        while not self.stopping.is_set():
-            try:
-                return call()
-            except UNREACHABLE as exc:
-                log.warning("redis unreachable (%s); retrying", exc.__class__.__name__)
-                self.stopping.wait(backoff.next_s())
 
     def _turn(self) -> None:
         """One loop turn: launch a step, do the Redis round trip for the previous one while
         the GPU works (reading new work again every worker_poll_s until the step is done),
         finish the step, then apply what was read."""
-        if self.outage_since is not None:
-            self._ride_out_outage()
+        if self.trip.outage.active:
+            self.ends.ride_out_outage()
             return
         loop_started = time.perf_counter()
         step = self.engine.schedule_step() if self.engine.has_unfinished() else None
         if not self.settings.worker_overlap_exchange:
             deltas = self.engine.finish_step(self.engine.launch_step(step)) if step else []
             row = self._account(step, deltas, loop_started)
-            reply = self._round_trip(busy=False)
+            reply = self.trip.run(busy=False)
             if reply is not None:
-                self._apply(*reply, row)
+                self.trip.apply(*reply, row)
             self.step_timing.end_loop(row, loop_started)
             return
         # A graph replay launches in well under a millisecond, so its round trip follows the
@@ -213,7 +198,7 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
         # tens of milliseconds, so the previous step's tokens go out before it.
         if step is not None and step.graphed:
             self._launch(step)
-        reply = self._round_trip(busy=step is not None)
+        reply = self.trip.run(busy=step is not None)
         polled: list = []
         row = -1
         if step is not None:
@@ -227,7 +212,7 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
                 self.pacer.done()
             row = self._account(step, deltas, loop_started)
         if reply is not None:
-            self._apply(*reply, row, polled)
+            self.trip.apply(*reply, row, polled)
         self.step_timing.end_loop(row, loop_started)
 
     def _launch(self, step) -> None:
@@ -246,7 +231,7 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
         self._emulate_cost(step)
         elapsed = self.engine.step_time(step)
         self.busy.add(elapsed)
-        self.num_steps += 1
+        self.counts.num_steps += 1
         self.metrics.on_step([d for d in deltas if d.request_id in self.inflight], elapsed)
         turn_s = time.perf_counter() - loop_started
         self.load.on_step(step.out.total_tokens, turn_s)
@@ -294,7 +279,3 @@ class GpuWorker(RoundTrip, QueueAdmission, RequestEnds, ClientLeaseWatch):
                 room -= len(read)
             next_poll = time.perf_counter() + interval
         return entries, False
-
-    def _owned(self) -> list[tuple[str, str]]:
-        with self._lock:
-            return [(f.queue, f.entry_id) for f in self.inflight.values()]

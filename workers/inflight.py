@@ -3,6 +3,7 @@
 # stream, which is what the client got (service/output_stream.py).
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from metering.records import UsageCounts, usage_counts
@@ -54,3 +55,10 @@ class Inflight:
         self.cached_tokens = follower.cached_tokens
         self.first_token_time = follower.first_token_time
         self.scheduled_time = follower.scheduled_time
+
+
+def owned_entries(inflight: dict[str, Inflight], lock: threading.Lock) -> list[tuple[str, str]]:
+    """(queue, entry id) of every request in `inflight`, read under `lock` (the heartbeat
+    thread reads it while the step loop changes it)."""
+    with lock:
+        return [(f.queue, f.entry_id) for f in inflight.values()]

@@ -4,25 +4,42 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from engine import SamplingParams
+import redis
+
+from engine import LLMEngine, SamplingParams
 from service.events import decode_event, error_event
 from service.output_stream import follow
 from service.queue_ownership import takeover_call
 from service.queued_request import QueuedRequest
 from service.redis_clients import UNREACHABLE
 from workers.inflight import Inflight
+from workers.outbox import Outbox
 from workers.output_events import cancelled_before_takeover
 
 log = logging.getLogger("fleetlm.worker")
 
 
 class QueueAdmission:
-    """The GpuWorker's admission half (mixed into workers.gpu_worker.GpuWorker)."""
+    def __init__(
+        self,
+        engine: LLMEngine,
+        redis_client: redis.Redis,
+        worker_id: str,
+        inflight: dict[str, Inflight],
+        lock: threading.Lock,
+        outbox: Outbox,
+        took: Callable[[str], None],
+    ) -> None:
+        self.engine, self.redis, self.worker_id = engine, redis_client, worker_id
+        self.inflight, self.lock, self.outbox = inflight, lock, outbox
+        self.took = took  # counts a request taken, by how (workers/work_intake.py's HOW)
 
-    def _admit(
+    def admit(
         self,
         queue: str,
         entry_id: str,
@@ -43,7 +60,7 @@ class QueueAdmission:
         if resume is not None:
             output = resume.token_ids
             f.resumed_from(resume)
-        with self._lock:
+        with self.lock:
             self.inflight[req.request_id] = f
         try:
             self.engine.add_request(
@@ -73,7 +90,7 @@ class QueueAdmission:
         self.outbox.acks.append((queue, entry_id))
         return None
 
-    def _admit_reclaimed(self, queue: str, claimed: list) -> None:
+    def admit_reclaimed(self, queue: str, claimed: list) -> None:
         """Entries of a worker taken for dead. One that is still ours (this worker was cut off
         from Redis and its own heartbeat lapsed) stays as it is; any other is taken over:
         re-run from the start, resumed after the tokens its stream already delivered, or ended
@@ -95,7 +112,7 @@ class QueueAdmission:
             elif cancel is not None:
                 f = Inflight(req, queue, entry_id)
                 f.resumed_from(follower)
-                with self._lock:
+                with self.lock:
                     self.inflight[req.request_id] = f
                 self.outbox.failed.append((f, cancelled_before_takeover(f, follower, cancel)))
             else:
@@ -105,5 +122,5 @@ class QueueAdmission:
                     req.request_id,
                     follower.num_tokens,
                 )
-                self._took("reclaimed")
-                self._admit(queue, entry_id, fields, resume=resume)
+                self.took("reclaimed")
+                self.admit(queue, entry_id, fields, resume=resume)

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
+from engine import LLMEngine
 from service import streams as p
 from service.events import ErrorEvent, error_event
 from service.redis_clients import UNREACHABLE, Backoff
+from service.settings import Settings
+from workers.inflight import Inflight
+from workers.metrics import WorkerMetrics
+from workers.metrics_publisher import MetricsPublisher
+from workers.outbox import Outbox
+from workers.round_trip import RoundTrip
+from workers.usage import BusyMeter
 from workers.work_intake import forget_call
 
 log = logging.getLogger("fleetlm.worker")
@@ -16,14 +25,32 @@ SHUTDOWN_ATTEMPTS_S = 10.0  # the last round trip is retried this long while Red
 
 
 class RequestEnds:
-    """The GpuWorker's ending half (mixed into workers.gpu_worker.GpuWorker)."""
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        worker_id: str,
+        engine: LLMEngine,
+        inflight: dict[str, Inflight],
+        lock: threading.Lock,
+        outbox: Outbox,
+        trip: RoundTrip,
+        busy: BusyMeter,
+        metrics: WorkerMetrics,
+        metrics_publisher: MetricsPublisher,
+        stopping: threading.Event,
+    ) -> None:
+        self.settings, self.worker_id, self.engine = settings, worker_id, engine
+        self.inflight, self.lock, self.outbox, self.trip = inflight, lock, outbox, trip
+        self.busy, self.metrics, self.metrics_publisher = busy, metrics, metrics_publisher
+        self.stopping = stopping
+        self._drain_deadline: float | None = None
 
-    def _ride_out_outage(self) -> None:
+    def ride_out_outage(self) -> None:
         """Redis is away: no step (nobody could receive its tokens), retry the round trip."""
-        assert self.outage_since is not None
-        if not self._outage_ended and (
-            time.monotonic() - self.outage_since > self.settings.redis_outage_s
-        ):
+        outage = self.trip.outage
+        assert outage.active
+        if not outage.requests_ended and outage.lasted() > self.settings.redis_outage_s:
             self._end_all(
                 error_event(
                     f"Redis was unreachable for more than {self.settings.redis_outage_s:.0f}s",
@@ -32,11 +59,11 @@ class RequestEnds:
                 through=lambda f: f.confirmed_tokens,
                 drop_waiting=True,
             )
-            self._outage_ended = True
-        self.stopping.wait(self._backoff.next_s())
-        reply = self._round_trip(busy=False)
+            outage.requests_ended = True
+        self.stopping.wait(outage.backoff.next_s())
+        reply = self.trip.run(busy=False)
         if reply is not None:
-            self._apply(*reply, -1)
+            self.trip.apply(*reply, -1)
 
     def _end_all(self, event: ErrorEvent, *, through, drop_waiting: bool) -> None:
         """Ends every request this worker runs with `event`, billed `through(request)` output
@@ -46,7 +73,7 @@ class RequestEnds:
         ending = self.outbox.failing()
         if not drop_waiting:  # an end the engine produced, waiting to be published, stands
             ending |= self.outbox.finishing()
-        with self._lock:
+        with self.lock:
             inflight = list(self.inflight.values())
         for f in inflight:
             if f.final is not None or f.request_id in ending:
@@ -61,11 +88,11 @@ class RequestEnds:
         if ended:
             log.warning("ended %d requests: %s", len(ended), event["message"])
 
-    def _drained(self) -> bool:
+    def drained(self) -> bool:
         """Drain bookkeeping at the top of each loop turn; True once nothing is left to run."""
         if self._drain_deadline is None:
             self._drain_deadline = time.monotonic() + self.settings.drain_timeout_s
-            unstarted = self._hand_back_unstarted()
+            unstarted = self.hand_back_unstarted()
             log.info("draining: handed back %d, finishing %d", unstarted, len(self.inflight))
         if not self.inflight and not self.outbox.failed and not self.outbox.requeues:
             return True
@@ -74,11 +101,11 @@ class RequestEnds:
             return True
         return False
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         """Publishes what waits, ends the requests still streaming (`shutdown`, billed as
         published), hands unstarted ones back to their queue, and leaves the worker set."""
         self.metrics_publisher.close()  # before the key is deleted below, which it would undo
-        self._hand_back_unstarted()
+        self.hand_back_unstarted()
         self._end_all(
             error_event("The server is shutting down; the request was stopped.", "shutdown"),
             through=self.outbox.tokens_through,
@@ -89,7 +116,7 @@ class RequestEnds:
         backoff = Backoff()
         while True:
             try:
-                exchange = self._build(busy=False, final=True)
+                exchange = self.trip.build(busy=False, final=True)
                 exchange.pipe.delete(
                     p.alive_key(self.worker_id),
                     p.stats_key(self.worker_id),
@@ -100,7 +127,7 @@ class RequestEnds:
                 # Off the routes if nothing waits on its queues; else the others drain them.
                 exchange.pipe.eval(*forget_call(self.worker_id))
                 exchange.pipe.execute()
-                self._confirm(exchange)
+                self.trip.confirm(exchange)
                 return
             except UNREACHABLE as exc:
                 if time.monotonic() > deadline:
@@ -108,10 +135,10 @@ class RequestEnds:
                     return
                 time.sleep(backoff.next_s())
 
-    def _hand_back_unstarted(self) -> int:
+    def hand_back_unstarted(self) -> int:
         """Requests that have not streamed yet go back to their queue, for any worker."""
         failing = self.outbox.failing()
-        with self._lock:
+        with self.lock:
             unstarted = [
                 f
                 for f in self.inflight.values()

@@ -2,99 +2,167 @@
 # holds (deltas, finishes, fails, hand-backs), reads cancel flags, writes the engine's stats and
 # the prefix blocks it cached or evicted (workers/prefix_publisher.py), XAUTOCLAIMs the entries of
 # dead workers and re-reads the routed workers now and then, and takes new work
-# (workers/work_intake.py); `_apply` then acts on what came back. A trip Redis did not take
+# (workers/work_intake.py); `apply` then acts on what came back. A trip Redis did not take
 # leaves everything in the outbox for the next one.
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
+from engine import LLMEngine
 from service import streams as p
-from service.redis_clients import UNREACHABLE
-from workers.intake_budget import intake_budget
-from workers.outbox import Written
-from workers.prefix_publisher import BlocksWritten
+from service.redis_clients import UNREACHABLE, Backoff
+from service.settings import Settings
+from workers.client_leases import ClientLeaseWatch
+from workers.exchange import Exchange, checked
+from workers.heartbeat import Heartbeat
+from workers.inflight import Inflight, owned_entries
+from workers.intake_budget import IntakeBudget, intake_budget
+from workers.load_report import LoadReport
+from workers.metrics import WorkerMetrics
+from workers.metrics_publisher import MetricsPublisher
+from workers.outbox import Outbox, Written
+from workers.prefix_publisher import PrefixPublisher
+from workers.queue_admission import QueueAdmission
+from workers.redis_outage import RedisOutage
+from workers.step_prices import StepPrices
+from workers.step_timing import StepTiming
+from workers.usage import BusyMeter
 from workers.work_intake import Intake, forget_call, taken_entries
+from workers.worker_counts import WorkerCounts
 
 log = logging.getLogger("fleetlm.worker")
 
 
-@dataclass(slots=True)
-class Exchange:
-    """One step's Redis round trip, and where its replies land in the results."""
-
-    pipe: redis.client.Pipeline
-    written: Written  # what it carries out of the outbox
-    ids: list[str] = field(default_factory=list)  # inflight ids whose cancel keys were read
-    leased: list[str] = field(default_factory=list)  # ... and whose leases were read
-    streams: list[str] = field(default_factory=list)  # queues XAUTOCLAIMed, in order
-    blocks: BlocksWritten | None = None  # prefix blocks published
-    at_cancels: int = -1
-    at_leases: int = -1
-    at_reclaim: int = -1
-    at_routes: int = -1  # the routed workers (SMEMBERS), read with the XAUTOCLAIMs
-    at_take: int = -1  # the take script's reply (workers/work_intake.py)
-    at_read: int = -1  # an idle worker's blocking XREADGROUP reply
-    idle: bool = False  # nothing to step: the read may block
-    build_s: float = 0.0
-    io_s: float = 0.0
-    read_streams: list[str] = field(default_factory=list)  # the queues work may be read from
-    room: int = 0  # how many new requests the engine may take this turn
-
-    def num_read(self, results: list) -> int:
-        """New entries the round trip took (the take script, or the blocking read)."""
-        if self.at_take >= 0:
-            return len(results[self.at_take] or [])
-        if self.at_read >= 0:
-            return sum(len(entries) for _, entries in results[self.at_read] or [])
-        return 0
+def until_redis_answers(stopping: threading.Event, call: Callable[[], Any]) -> Any:
+    """`call()`, retried with back-off while Redis is unreachable (until `stopping`)."""
+    backoff = Backoff()
+    while not stopping.is_set():
+        try:
+            return call()
+        except UNREACHABLE as exc:
+            log.warning("redis unreachable (%s); retrying", exc.__class__.__name__)
+            stopping.wait(backoff.next_s())
+    return None
 
 
 class RoundTrip:
-    """The GpuWorker's round-trip half (mixed into workers.gpu_worker.GpuWorker)."""
+    """A GPU worker's exchange with Redis: it owns what only the exchange needs (the routed
+    workers' queues, the prefix blocks published, the XAUTOCLAIM scan, the intake budget,
+    the outage) and is handed the worker's parts it reads and writes."""
 
-    def _round_trip(self, *, busy: bool) -> tuple[Exchange, list] | None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        worker_id: str,
+        redis_client: redis.Redis,
+        engine: LLMEngine,
+        inflight: dict[str, Inflight],
+        lock: threading.Lock,
+        outbox: Outbox,
+        counts: WorkerCounts,
+        took: Callable[[str], None],
+        admission: QueueAdmission,
+        leases: ClientLeaseWatch,
+        heartbeat: Heartbeat,
+        busy: BusyMeter,
+        load: LoadReport,
+        prices: StepPrices,
+        metrics: WorkerMetrics,
+        metrics_publisher: MetricsPublisher,
+        step_timing: StepTiming,
+        draining: threading.Event,
+        stopping: threading.Event,
+    ) -> None:
+        self.settings, self.worker_id = settings, worker_id
+        self.redis, self.engine = redis_client, engine
+        self.inflight, self.lock, self.outbox, self.counts = inflight, lock, outbox, counts
+        self.took, self.admission, self.leases, self.heartbeat = took, admission, leases, heartbeat
+        self.busy, self.load, self.prices, self.step_timing = busy, load, prices, step_timing
+        self.metrics, self.metrics_publisher = metrics, metrics_publisher
+        self.draining, self.stopping = draining, stopping
+        self.outage = RedisOutage()
+        self.dead_after_ms = int(settings.worker_dead_after_s * 1000)
+        self.intake = Intake(worker_id)  # its queues, and the other routed workers'
+        self.prefix = PrefixPublisher(engine.block_manager, worker_id, settings, self.dead_after_ms)
+        self.budget: IntakeBudget | None = None  # the last turn's (workers/intake_budget.py)
+        self._reclaim_after = 0.0  # monotonic: no XAUTOCLAIM before (others' heartbeats resume)
+        self._last_reclaim = 0.0
+        self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
+        self._took_nothing = False  # the last take found nothing: an idle worker may block
+
+    def create_groups(self) -> None:
+        # Stats before the first heartbeat: a worker seen alive always has them; alive before
+        # it joins the routes, where a worker without a heartbeat counts as gone.
+        stats_key = p.stats_key(self.worker_id)
+        self.redis.hset(stats_key, mapping=self._stats_mapping(self.engine.stats()))
+        self.redis.expire(stats_key, 60)
+        self.heartbeat.beat()
+        self._register()
+
+    def _register(self) -> None:
+        """The consumer group on the shared queues and on this worker's own (routed) queues,
+        and the worker in the routes set."""
+        for priority in p.PRIORITIES:
+            for queue in (p.queue_key(priority), self.intake.own(priority)):
+                try:
+                    self.redis.xgroup_create(queue, p.GROUP, id="0", mkstream=True)
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+        self.redis.sadd(p.ROUTES_SET, self.worker_id)
+
+    def _update_routes(self, members: set[str]) -> None:
+        others = tuple(sorted(w for w in members if w != self.worker_id))
+        self.intake = Intake(self.worker_id, others)
+        if self.worker_id not in members and not self.draining.is_set():
+            # Taken for dead while cut off from Redis (its queues were removed): register again.
+            with contextlib.suppress(*UNREACHABLE):
+                self._register()
+
+    def run(self, *, busy: bool) -> tuple[Exchange, list] | None:
         """Publish what waits, read cancels and new work: one pipelined round trip. `busy`: a
         step is running, so the read must not block. None when Redis did not answer."""
         t0 = time.perf_counter()
-        exchange = self._build(busy=busy)
+        exchange = self.build(busy=busy)
         t1 = time.perf_counter()
         try:
-            results = _checked(exchange, exchange.pipe.execute(raise_on_error=False))
+            results = checked(exchange, exchange.pipe.execute(raise_on_error=False))
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             # A Redis that came back without the queues' consumer group (a replica promoted
             # from an empty one, say): recreate it; what this trip carried is sent again.
             log.warning("the queues' consumer group is gone; recreating it")
-            self._until_redis_answers(self._create_groups)
+            until_redis_answers(self.stopping, self.create_groups)
             self.prefix.rewrite = True
             return None
         except UNREACHABLE as exc:
-            if self.outage_since is None:
-                self.outage_since = time.monotonic()
+            if self.outage.began():
                 log.warning("redis unreachable (%s): pausing the engine", exc.__class__.__name__)
             return None
         exchange.build_s, exchange.io_s = t1 - t0, time.perf_counter() - t1
-        if self.outage_since is not None:
-            log.info("redis is back after %.1fs", time.monotonic() - self.outage_since)
-            self.outage_since, self._outage_ended = None, False
-            self._backoff.reset()
+        lasted = self.outage.lasted()
+        if self.outage.over():
+            log.info("redis is back after %.1fs", lasted)
             # Every heartbeat lapsed meanwhile: give the other workers time to renew theirs
             # before taking their entries for dead ones.
             self._reclaim_after = time.monotonic() + self.settings.worker_dead_after_s
-            self._reset_leases()
-        self._confirm(exchange)
+            self.leases.reset()
+        self.confirm(exchange)
         self.prefix.confirm(exchange.blocks, results)
         if exchange.idle and exchange.at_read < 0 and not exchange.num_read(results):
             time.sleep(0.01)  # nothing to step and nothing read: do not spin
         return exchange, results
 
-    def _build(self, *, busy: bool, final: bool = False) -> Exchange:
+    def build(self, *, busy: bool, final: bool = False) -> Exchange:
         pipe = self.redis.pipeline(transaction=False)
         if self.outbox.busy_record is None:
             self.outbox.busy_record = self.busy.due()
@@ -107,7 +175,7 @@ class RoundTrip:
         if ids:
             pipe.mget([p.cancel_key(i) for i in ids])
             exchange.at_leases = len(pipe)
-            exchange.leased = self._read_leases(pipe, ids)
+            exchange.leased = self.leases.read(pipe, ids)
         stats = self.engine.stats()
         self.budget = budget = intake_budget(self.engine, self.prices, self.load, self.settings)
         self.metrics.on_budget(budget)
@@ -123,7 +191,7 @@ class RoundTrip:
         # work only with headroom, leaving room for an interactive arrival (which would
         # otherwise preempt it), and then no more than that room this turn.
         room = budget.interactive_room
-        if self.draining.is_set() or self.outage_since is not None:
+        if self.draining.is_set() or self.outage.active:
             room = 0
         priorities = ["interactive"]
         free_frac = stats.num_free_blocks / max(stats.num_total_blocks, 1)
@@ -141,7 +209,7 @@ class RoundTrip:
         now = time.monotonic()
         reclaim = (
             not self.draining.is_set()
-            and self.outage_since is None
+            and not self.outage.active
             and now >= self._reclaim_after
             and now - self._last_reclaim > self.settings.heartbeat_interval_s
         )
@@ -152,7 +220,7 @@ class RoundTrip:
             for queue in exchange.streams:
                 start = self._claim_cursor.get(queue, "0-0")
                 pipe.xautoclaim(
-                    queue, p.GROUP, self.worker_id, self._dead_after_ms, start, count=max(room, 2)
+                    queue, p.GROUP, self.worker_id, self.dead_after_ms, start, count=max(room, 2)
                 )
             for other in intake.others:  # a dead worker whose queues are empty: forget it
                 pipe.eval(*forget_call(other))
@@ -176,11 +244,11 @@ class RoundTrip:
         exchange.read_streams, exchange.room = streams, max(room, 0)
         return exchange
 
-    def _confirm(self, exchange: Exchange) -> None:
+    def confirm(self, exchange: Exchange) -> None:
         """Redis took the round trip: what it carried leaves the outbox."""
         self.outbox.confirm(exchange.written)
         for f, record in exchange.written.finished:
-            with self._lock:
+            with self.lock:
                 self.inflight.pop(f.request_id, None)
             self.metrics.forget(f.request_id)
             completion = record.counts["completion_tokens"]
@@ -196,7 +264,7 @@ class RoundTrip:
                 },
             )
 
-    def _apply(self, exchange: Exchange, results: list, row: int, polled: list = ()) -> None:
+    def apply(self, exchange: Exchange, results: list, row: int, polled: list = ()) -> None:
         """What a round trip (and the polls after it) read: requests lost to another worker,
         cancels, new requests."""
         t0 = time.perf_counter()
@@ -209,17 +277,17 @@ class RoundTrip:
                 if f is not None and f.cancel_delivered is None:
                     f.cancel_delivered = p.delivered_of(flag)
                 if self.engine.abort(request_id):
-                    self.last_cancel_step = self.num_steps
+                    self.counts.last_cancel_step = self.counts.num_steps
                     log.info("cancelled %s", request_id)
-        if exchange.leased:
-            self._check_leases(exchange.leased, results[exchange.at_leases])
+        if exchange.leased and self.leases.check(exchange.leased, results[exchange.at_leases]):
+            self.counts.last_cancel_step = self.counts.num_steps
         if exchange.streams:
             claims = results[exchange.at_reclaim : exchange.at_reclaim + len(exchange.streams)]
             for queue, claimed in zip(exchange.streams, claims):
                 if isinstance(claimed, redis.ResponseError):
                     continue  # a dead worker's queue, removed since the routes were read
                 self._claim_cursor[queue] = claimed[0]
-                self._admit_reclaimed(queue, claimed[1])
+                self.admission.admit_reclaimed(queue, claimed[1])
         if exchange.at_routes >= 0:
             self._update_routes(results[exchange.at_routes])
         taken: list = []
@@ -231,8 +299,8 @@ class RoundTrip:
             taken = [(q, i, f) for q, entries in read for i, f in entries]
             self._took_nothing = False
         for queue, entry_id, fields in [*taken, *polled]:
-            self._took(self.intake.how(queue))
-            self._admit(queue, entry_id, fields, counted=True)
+            self.took(self.intake.how(queue))
+            self.admission.admit(queue, entry_id, fields, counted=True)
         self.step_timing.add(
             row, exchange_build_s=exchange.build_s, exchange_io_s=exchange.io_s,
             apply_s=time.perf_counter() - t0,
@@ -242,7 +310,7 @@ class RoundTrip:
         """Requests another worker claimed while this one was cut off: it runs them now (and
         bills them); stop them here without a word."""
         lost = self.heartbeat.take_lost()
-        with self._lock:
+        with self.lock:
             gone = [f for f in self.inflight.values() if f.entry_id in lost]
             for f in gone:
                 del self.inflight[f.request_id]
@@ -258,12 +326,12 @@ class RoundTrip:
         ended = {f.entry_id for f, _ in written.finished}
         ended.update(f.entry_id for f in self.outbox.requeues[: written.num_requeues])
         ended.update(entry_id for _, entry_id in self.outbox.acks[: written.num_acks])
-        return self.intake.routed_inflight(self._owned(), ended)
+        return self.intake.routed_inflight(owned_entries(self.inflight, self.lock), ended)
 
     def _stats_mapping(self, stats: Any) -> dict[str, Any]:
         return {
-            "step": self.num_steps,
-            "last_cancel_step": self.last_cancel_step,
+            "step": self.counts.num_steps,
+            "last_cancel_step": self.counts.last_cancel_step,
             "num_running": stats.num_running,
             "num_waiting": stats.num_waiting,
             "num_free_blocks": stats.num_free_blocks,
@@ -275,20 +343,10 @@ class RoundTrip:
             "num_inflight": len(self.inflight),
             "num_waiting_tokens": stats.num_waiting_tokens,
             "published_blocks": self.prefix.num_published,
-            **{f"taken_{how}": n for how, n in self.taken.items()},
+            **{f"taken_{how}": n for how, n in self.counts.taken.items()},
             "draining": int(self.draining.is_set()),
             "model": self.settings.model_name,
             "updated_at": f"{time.time():.3f}",
             **self.load.fields(),
             **(self.budget.fields() if self.budget is not None else {}),
         }
-
-
-def _checked(exchange: Exchange, results: list) -> list:
-    """Raises the first error of the round trip's replies, but for the XAUTOCLAIMs': a queue
-    scanned may have been removed meanwhile (workers/work_intake.py's FORGET_SCRIPT)."""
-    claims = range(exchange.at_reclaim, exchange.at_reclaim + len(exchange.streams))
-    for i, reply in enumerate(results):
-        if isinstance(reply, Exception) and i not in claims:
-            raise reply
-    return results
