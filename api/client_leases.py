@@ -3,7 +3,7 @@
 # api_lease_refresh_s with the output tokens the client has been sent, and expires
 # api_lease_ttl_s after the last write. A process that dies (kill -9, OOM) stops writing: the
 # request's worker sees the lease gone and stops the request, billed the tokens the lease last
-# recorded — the rule of a client that went away (workers/client_leases.py). One pipelined
+# recorded — the rule of a client that went away (workers/gpu/client_leases.py). One pipelined
 # write per interval for all the process's leases, never a command per token.
 from __future__ import annotations
 

@@ -5,10 +5,10 @@
 # anywhere: the tokens queued in Redis (fleetlm:q:{priority}:tokens: prompt plus expected output
 # of each entry no worker has read) and the work waiting in the engines' own queues (each worker
 # publishes it, priced, in its stats). It is priced with the workers' step prices
-# (workers/step_prices.py, fit on the model actually loaded): a prompt token and an output token
+# (workers/gpu/step_prices.py, fit on the model actually loaded): a prompt token and an output token
 # (at the running set the TPOT target allows) cost different amounts of a worker's time. Work
 # the fleet can start at once (each worker's `startable`: the seats and KV it has free at the TPOT
-# target, workers/intake_budget.py) waits for nothing; the rest waits for the running requests
+# target, workers/gpu/intake_budget.py) waits for nothing; the rest waits for the running requests
 # to make room, at the pace the fleet works (one second of work per second per worker):
 #
 #   wait  = max(0, work ahead + the mean request's work - startable × the mean request's work)
@@ -61,7 +61,7 @@ OVERLOAD_REFUSALS = Counter(
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
-    """One priced worker's stats (workers/intake_budget.py)."""
+    """One priced worker's stats (workers/gpu/intake_budget.py)."""
 
     prefill_token_s: float
     decode_token_s: float

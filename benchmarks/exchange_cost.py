@@ -1,6 +1,6 @@
 # What a worker's per-step Redis round trip costs its loop at N running requests: the outbox's
 # token deltas (one event per request), the cancel-flag MGET and the stats HSET, written into one
-# pipeline and executed against a real (embedded) Redis, as workers/round_trip.py does. Prints
+# pipeline and executed against a real (embedded) Redis, as workers/gpu/round_trip.py does. Prints
 # and writes the build time (Python filling the pipeline) and the io time (packing, Redis, the
 # replies), beside the same deltas sent as one XADD per request (how the outbox wrote them
 # before PUBLISH_SCRIPT), so the figure says what the script saves.
@@ -30,9 +30,9 @@ from service.embedded import EmbeddedServices  # noqa: E402
 from service.events import encode_event  # noqa: E402
 from service.queued_request import QueuedRequest, Sampling  # noqa: E402
 from service.settings import Settings  # noqa: E402
-from workers.inflight import Inflight  # noqa: E402
-from workers.outbox import Outbox  # noqa: E402
-from workers.output_events import delta_event  # noqa: E402
+from workers.gpu.inflight import Inflight  # noqa: E402
+from workers.gpu.outbox import Outbox  # noqa: E402
+from workers.gpu.output_events import delta_event  # noqa: E402
 
 
 def running_requests(n: int) -> dict[str, Inflight]:

@@ -175,7 +175,7 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
         target = Target(base_url, api_key, model, endpoint=args.endpoint)
         reader = None
         if server is not None:
-            from workers.step_timing import read_step_trace
+            from workers.gpu.step_timing import read_step_trace
 
             def reader():
                 return [read_step_trace(p) for p in server.trace_files()]
@@ -208,7 +208,7 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
 def _engine_sweep(args, spec, rates, targets, plan, on_run):
     from fleetlm.bench.serve_bench import EngineBackend, run_rate, sweep
     from service.settings import Settings
-    from workers.gpu_worker import build_engine
+    from workers.gpu.worker import build_engine
 
     settings = Settings(**({"model": args.model} if args.model else {}))
     print(f"engine: building {settings.model} in this process...", flush=True)

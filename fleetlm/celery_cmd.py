@@ -1,4 +1,4 @@
-# `fleetlm celery worker` / `fleetlm celery beat`: the batch control plane (workers/celery_app.py)
+# `fleetlm celery worker` / `fleetlm celery beat`: the batch control plane (service/celery_app.py)
 # against the configured Redis and Postgres, or a running `fleetlm serve`'s (--data-dir). It logs
 # through service/logging_setup.py like every other fleetlm process (FLEETLM_LOG_FORMAT/LEVEL),
 # with Celery's per-task lines at DEBUG and no start-up banner.
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     configure(settings, redis_url)
     argv = ["--quiet", args.role, "--loglevel", settings.log_level.upper()]
     if args.role == "worker":
-        from workers import batch_tasks  # registers the tasks on the app
+        from workers.batch import tasks as batch_tasks  # registers the tasks on the app
 
         batch_tasks.bind(settings)
         # solo: one process, so a kill takes exactly the task it ran (acks_late redelivers it)

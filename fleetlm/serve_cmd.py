@@ -161,8 +161,8 @@ def child_env(redis_url: str, database_url: str) -> dict[str, str]:
 
 
 def cpu_torch_threads(settings: Settings, num_workers: int) -> tuple[int, str]:
-    """CPU workers' torch threads (workers/torch_threads.py) and where the number comes from."""
-    from workers.torch_threads import RESERVED_CORES, cpu_worker_threads, usable_cores
+    """CPU workers' torch threads (workers/gpu/torch_threads.py) and where the number comes from."""
+    from workers.gpu.torch_threads import RESERVED_CORES, cpu_worker_threads, usable_cores
 
     if settings.torch_threads:
         return settings.torch_threads, "FLEETLM_TORCH_THREADS"
@@ -181,7 +181,7 @@ def _children(
     """The API processes first, then the workers, Celery, and the metering writer last. On the
     way out the API and the workers drain together, then the rest stop (the writer writes what
     the workers metered). Also says what the workers run on."""
-    from workers.tp_group import visible_devices, worker_gpu_groups
+    from workers.gpu.tp_group import visible_devices, worker_gpu_groups
 
     cli = [sys.executable, "-m", "fleetlm.cli"]
     num_api = api.num_processes if api else 1

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging("worker", settings.log_format, settings.log_level)
     redis_url = settings.redis_url or resolve_urls(settings, args.data_dir)[0]
 
-    from workers.gpu_worker import GpuWorker
+    from workers.gpu.worker import GpuWorker
 
     worker = GpuWorker(settings, redis_url, args.worker_id)
 

@@ -28,7 +28,7 @@ return id
 """
 
 
-# A request's expected output before any worker has measured the mean (workers/load_report.py).
+# A request's expected output before any worker has measured the mean (workers/gpu/load_report.py).
 DEFAULT_OUTPUT_TOKENS = 256.0
 DEFAULT_PROMPT_TOKENS = 256.0  # ... and its prompt, for the work and KV of the mean request
 

@@ -2,7 +2,7 @@
 # Redis; tasks are long-lived in effect (a pump re-schedules itself), so each message is acked only
 # after it ran (acks_late) and a worker reserves one at a time (prefetch 1). A message of a killed
 # worker is redelivered after the visibility timeout; the beat sweep re-arms a silent batch sooner.
-# The API sends tasks by name; the tasks themselves are workers/batch_tasks.py, which the Celery
+# The API sends tasks by name; the tasks themselves are workers/batch/tasks.py, which the Celery
 # worker process imports.
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class DeltaEvent(TypedDict):
     # Of the prompt, once scheduled (per-chunk usage; a resuming worker bills the first run's).
     cached_tokens: NotRequired[int]
     # When the request asked: per token {"token", "logprob", "bytes", "top_logprobs"} (OpenAI's
-    # chat shape, workers/output_events.py)
+    # chat shape, workers/gpu/output_events.py)
     logprobs: NotRequired[list[dict]]
     # With the first event of a request that asked: per prompt token after the first, likewise
     prompt_logprobs: NotRequired[list[dict]]

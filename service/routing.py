@@ -23,7 +23,7 @@
 # One Lua call decides and enqueues, atomic against the queue limit (the priority's entries on
 # every queue: shared and routed) and against other API processes' decisions. Workers that run
 # out of their own work also take from the shared queues and from busier workers' queues
-# (workers/work_intake.py), so a routing mistake costs a cache miss, never an idle GPU.
+# (workers/gpu/work_intake.py), so a routing mistake costs a cache miss, never an idle GPU.
 from __future__ import annotations
 
 import random

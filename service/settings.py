@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     no_worker_timeout_s: float = 5.0  # a queued request fails after this long with no live worker
     worker_max_waiting: int = 8  # queue entries held in the engine's waiting queue
     # A worker takes from the queues only what its engine can start and still serve at this
-    # time per output token (its running set's predicted decode turn, workers/intake_budget.py)
+    # time per output token (its running set's predicted decode turn, workers/gpu/intake_budget.py)
     # with kv_headroom of its KV pool kept free for the running requests' growth.
     tpot_target_s: float = Field(0.04, gt=0)
     kv_headroom: float = Field(0.1, ge=0, lt=1)
@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     # (<tool_call> tags, Qwen), "llama3_json", or "auto": from the chat template.
     tool_call_parser: Literal["auto", "hermes", "llama3_json"] = "auto"
     # Intra-op threads: None → 1 for a GPU worker; for a CPU worker the cores but one, split
-    # among the CPU workers of the machine (workers/torch_threads.py).
+    # among the CPU workers of the machine (workers/gpu/torch_threads.py).
     torch_threads: int | None = None
     # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
     worker_overlap_exchange: bool = True

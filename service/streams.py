@@ -18,7 +18,7 @@
 #   fleetlm:lease:{request_id}      string the API process relaying the request rewrites while its
 #                                   client is connected ("n=<tokens sent>", with a TTL): gone,
 #                                   the process died and the worker stops the request
-#                                   (api/client_leases.py, workers/client_leases.py)
+#                                   (api/client_leases.py, workers/gpu/client_leases.py)
 #   fleetlm:metering                stream of one usage record per finished request, and the
 #                                   workers' busy records (metering/records.py)
 #   fleetlm:workers                 set of worker ids ever registered (pruned when dead)

@@ -255,3 +255,17 @@ def test_the_gpu_worker_is_composed_of_its_parts_not_mixed_in():
         if ast.unparse(base).rpartition(".")[2] in ours
     )
     assert not mixed, "\n".join(mixed)
+
+
+def test_the_workers_wings_do_not_import_each_other():
+    # workers/gpu/ (the GPU worker) and workers/batch/ (the batch runner and its Celery tasks) run
+    # in different processes; what both would need goes at workers/' top.
+    wings = {"workers.gpu", "workers.batch"}
+    for module in modules():
+        wing = next((w for w in wings if module.startswith(w + ".")), None)
+        if wing is None:
+            continue
+        bad = sorted(
+            i for i in imports_of(module) for other in wings - {wing} if i.startswith(other)
+        )
+        assert not bad, f"{module} imports {bad}"

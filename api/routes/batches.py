@@ -1,5 +1,5 @@
 # /v1/batches: create, retrieve, list, cancel. Tenant-scoped. The work runs in Celery
-# (workers/batch_tasks.py); the API only writes the batch row and kicks its pump.
+# (workers/batch/tasks.py); the API only writes the batch row and kicks its pump.
 from __future__ import annotations
 
 from typing import Annotated

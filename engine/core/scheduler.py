@@ -182,7 +182,7 @@ class Scheduler:
         if out.num_preempted == 0:
             self._admit_waiting(budget, prefill_left, scheduled, out)
 
-        # Always: the worker prices its work with the same shape (workers/step_prices.py).
+        # Always: the worker prices its work with the same shape (workers/gpu/step_prices.py).
         out.features = self.last_features = _features(scheduled.items())
         self._order(out, scheduled.items())
         now = time.time()

@@ -99,7 +99,7 @@ def test_k8s_manifests_parse_and_run_fleetlm_subcommands():
 
 def exported_names() -> set[str]:
     from api import metrics as api_metrics
-    from workers.metrics import WorkerMetrics
+    from workers.gpu.metrics import WorkerMetrics
 
     names = set()
     for registry in (api_metrics.REGISTRY, WorkerMetrics("m").registry):

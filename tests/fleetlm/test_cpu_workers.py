@@ -1,5 +1,6 @@
 # What `fleetlm serve` gives its CPU workers: torch threads that leave a core to what runs beside
-# them (workers/torch_threads.py), passed to each worker and said at start. No process is started.
+# them (workers/gpu/torch_threads.py), passed to each worker and said at start. No process is
+# started.
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ import os
 
 from fleetlm.serve_cmd import _children
 from service.settings import Settings
-from workers.torch_threads import cpu_worker_threads, usable_cores
+from workers.gpu.torch_threads import cpu_worker_threads, usable_cores
 
 
 def test_cpu_workers_split_the_cores_but_one():

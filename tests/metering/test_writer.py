@@ -127,7 +127,7 @@ def test_malformed_and_rejected_records_are_dead_lettered(writer, clean, db, ten
 
 def test_worker_busy_intervals_are_written_once(writer, clean, db):
     from metering.models import WorkerBusy
-    from workers.usage import BusyMeter
+    from workers.gpu.usage import BusyMeter
 
     meter = BusyMeter("w-busy", interval_s=60)
     meter.add(0.25)

@@ -16,7 +16,7 @@ from service.events import FINAL_EVENTS, Event, decode_event
 from service.queued_request import QueuedRequest
 from service.settings import Settings
 from tests.waiting import wait_until
-from workers.gpu_worker import GpuWorker
+from workers.gpu.worker import GpuWorker
 
 WORKER_ID = "w-test"
 SETTINGS = Settings(

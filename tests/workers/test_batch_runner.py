@@ -16,7 +16,7 @@ from metering.files import create_file, get_file
 from metering.tenants import create_tenant
 from service import streams as p
 from tests.workers.conftest import SETTINGS, usage_record
-from workers.batch_runner import Runner
+from workers.batch.runner import Runner
 
 pytestmark = pytest.mark.timeout(120)
 

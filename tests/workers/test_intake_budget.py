@@ -1,7 +1,7 @@
-# What a worker may take into its engine (workers/intake_budget.py): only what the engine can
+# What a worker may take into its engine (workers/gpu/intake_budget.py): only what the engine can
 # start and still serve at the TPOT target, with KV headroom; interactive requests count the
 # seats and KV of running batch requests as theirs. A real engine (tiny preset, CPU) and step
-# prices fit on a synthetic machine's turns (workers/step_prices.py).
+# prices fit on a synthetic machine's turns (workers/gpu/step_prices.py).
 from __future__ import annotations
 
 import random
@@ -10,9 +10,9 @@ from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.core.step_cost import StepFeatures, chunk_pairs
 from service.settings import Settings
-from workers.intake_budget import intake_budget
-from workers.load_report import LoadReport
-from workers.step_prices import StepPrices
+from workers.gpu.intake_budget import intake_budget
+from workers.gpu.load_report import LoadReport
+from workers.gpu.step_prices import StepPrices
 
 # A synthetic machine: 10 ms fixed per turn, 20 ms more with a prompt chunk, 5 ms per decode
 # row, 1 µs per context token read, 0.1 ms per prompt token, no attention-pair cost.

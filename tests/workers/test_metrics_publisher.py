@@ -1,4 +1,4 @@
-# The worker's metrics snapshot leaves the step thread (workers/metrics_publisher.py): a
+# The worker's metrics snapshot leaves the step thread (workers/gpu/metrics_publisher.py): a
 # submitted snapshot reaches Redis with the worker's TTL and the registry's current values, a
 # failed write is survived and the next one lands, and nothing is written once it is closed
 # (the worker deletes the key right after, which a late write would undo). Real embedded Redis.
@@ -6,8 +6,8 @@ import redis
 
 from service import streams as p
 from tests.waiting import wait_until
-from workers.metrics import WorkerMetrics
-from workers.metrics_publisher import MetricsPublisher
+from workers.gpu.metrics import WorkerMetrics
+from workers.gpu.metrics_publisher import MetricsPublisher
 
 KEY = p.metrics_key("w-publisher-test")
 

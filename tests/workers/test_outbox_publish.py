@@ -11,8 +11,8 @@ from service import streams as p
 from service.events import decode_event
 from service.settings import Settings
 from tests.wire import queued_request
-from workers.inflight import Inflight
-from workers.outbox import TTL_REFRESH_EVENTS, Outbox
+from workers.gpu.inflight import Inflight
+from workers.gpu.outbox import TTL_REFRESH_EVENTS, Outbox
 
 WORKER = "w-outbox"
 

@@ -1,4 +1,4 @@
-# The delta event's hand-formatted JSON (workers/output_events.py) is the same bytes json.dumps
+# The delta event's hand-formatted JSON (workers/gpu/output_events.py) is the same bytes json.dumps
 # writes for the event dict, for every kind of text a tokenizer can produce, and with or without
 # the first event's cached tokens.
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from engine.outputs import RequestDelta, RequestUsage
 from service.events import decode_event, encode_event
 from tests.wire import queued_request
-from workers.inflight import Inflight
-from workers.output_events import delta_event, delta_event_json
+from workers.gpu.inflight import Inflight
+from workers.gpu.output_events import delta_event, delta_event_json
 
 TEXTS = [
     "",

@@ -1,8 +1,8 @@
 # The poll pacer decides on a clock; these tests drive that clock by hand.
 import pytest
 
-from workers import poll_pacer
-from workers.poll_pacer import PollPacer
+from workers.gpu import poll_pacer
+from workers.gpu.poll_pacer import PollPacer
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-# The worker's profiler (workers/profiling.py) on the tiny engine: it records at most max_steps
+# The worker's profiler (workers/gpu/profiling.py) on the tiny engine: it records at most max_steps
 # engine steps, writes the trace when that window ends (or at a stop before it), and a stop after
 # the window hands back the trace already written.
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
-from workers.profiling import StepProfiler
+from workers.gpu.profiling import StepProfiler
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,8 +14,8 @@ from service import streams as p
 from tests.waiting import wait_until
 from tests.wire import queued_request
 from tests.workers.conftest import SETTINGS, events, submit
-from workers.gpu_worker import GpuWorker
-from workers.tp_group import visible_devices, worker_gpu_groups
+from workers.gpu.tp_group import visible_devices, worker_gpu_groups
+from workers.gpu.worker import GpuWorker
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,10 +1,10 @@
-# Where a worker takes work from (workers/work_intake.py), on the real Redis with queues played
+# Where a worker takes work from (workers/gpu/work_intake.py), on the real Redis with queues played
 # by hand: its own, the shared and orphaned (dead or draining) workers' queues merged oldest
 # first, other live workers' backlog only when it may steal, interactive before batch, never
 # more than its room; dead workers with empty queues are forgotten. And what it publishes of its
-# prefix cache (workers/prefix_publisher.py): deltas, the cap, a rewrite when Redis lost the set.
-# The package's worker (conftest.py) reads the real queues and routes: these tests use priorities
-# and a routes set of their own.
+# prefix cache (workers/gpu/prefix_publisher.py): deltas, the cap, a rewrite when Redis lost the
+# set. The package's worker (conftest.py) reads the real queues and routes: these tests use
+# priorities and a routes set of their own.
 from __future__ import annotations
 
 import itertools
@@ -16,8 +16,8 @@ import pytest
 from engine.block_hash import hash_hex
 from service import streams as p
 from service.settings import Settings
-from workers.prefix_publisher import PrefixPublisher
-from workers.work_intake import Intake, forget_call, taken_entries
+from workers.gpu.prefix_publisher import PrefixPublisher
+from workers.gpu.work_intake import Intake, forget_call, taken_entries
 
 INTERACTIVE, BATCH = "intake-interactive", "intake-batch"  # priorities no worker reads
 ROUTES = "fleetlm:routes:intake-test"

@@ -1,4 +1,4 @@
-# A real worker's side of the control commands (workers/control.py), in process: it answers each
+# A real worker's side of the control commands (workers/gpu/control.py), in process: it answers each
 # command between two steps on the command's reply list, drops a command whose caller stopped
 # waiting, and reports a command it cannot run as failed instead of dying on it.
 from __future__ import annotations

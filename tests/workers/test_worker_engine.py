@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.outputs import RequestUsage
 from metering.records import COUNTERS
 from service.settings import Settings
-from workers.gpu_worker import build_engine
+from workers.gpu.worker import build_engine
 
 
 def test_the_engine_config_derives_from_the_settings():
@@ -54,7 +54,7 @@ def test_worker_engine_speculates_when_configured():
 
 
 def test_step_timing_trace_file(tmp_path):
-    from workers.step_timing import WORKER_FIELDS, StepTiming, read_step_trace
+    from workers.gpu.step_timing import WORKER_FIELDS, StepTiming, read_step_trace
 
     engine = build_engine(Settings(_env_file=None, model="tiny", device="cpu", num_kv_blocks=64))
     timing = StepTiming(engine, "w-trace", tmp_path)

@@ -17,9 +17,9 @@ from service.output_stream import follow
 from service.queue_ownership import takeover_call
 from service.queued_request import QueuedRequest
 from service.redis_clients import UNREACHABLE
-from workers.inflight import Inflight
-from workers.outbox import Outbox
-from workers.output_events import cancelled_before_takeover
+from workers.gpu.inflight import Inflight
+from workers.gpu.outbox import Outbox
+from workers.gpu.output_events import cancelled_before_takeover
 
 log = logging.getLogger("fleetlm.worker")
 
@@ -37,7 +37,7 @@ class QueueAdmission:
     ) -> None:
         self.engine, self.redis, self.worker_id = engine, redis_client, worker_id
         self.inflight, self.lock, self.outbox = inflight, lock, outbox
-        self.took = took  # counts a request taken, by how (workers/work_intake.py's HOW)
+        self.took = took  # counts a request taken, by how (workers/gpu/work_intake.py's HOW)
 
     def admit(
         self,

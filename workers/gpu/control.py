@@ -17,7 +17,7 @@ from engine import LLMEngine
 from service import streams as p
 from service.control import ControlCommand, ControlReply
 from service.settings import Settings
-from workers.profiling import StepProfiler
+from workers.gpu.profiling import StepProfiler
 
 log = logging.getLogger("fleetlm.worker")
 

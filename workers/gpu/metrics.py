@@ -1,8 +1,8 @@
 # A worker's Prometheus series, with vLLM's names so existing dashboards and autoscalers work.
 # The hot path only touches in-process objects: counters per step, and histogram values that
-# are bucketed once per step (batch_histogram.py). At most once per `snapshot_interval_s` the
+# are bucketed once per step (step_histogram.py). At most once per `snapshot_interval_s` the
 # step thread sets the gauges and a publisher thread serialises the registry into Redis
-# (fleetlm:worker:{id}:metrics, workers/metrics_publisher.py), where the API's /metrics picks it
+# (fleetlm:worker:{id}:metrics, workers/gpu/metrics_publisher.py), where the API's /metrics picks it
 # up; the same registry is served on the worker's own port if enabled.
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from workers.batch_histogram import BatchHistogram
+from workers.gpu.step_histogram import StepHistogram
 
 disable_created_metrics()  # no *_created series: they double the exposition for nothing
 
@@ -86,20 +86,20 @@ class WorkerMetrics:
             "vllm:request_success", "Successfully processed requests.",
             [*labels, "finished_reason"], registry=r,
         )  # fmt: skip
-        # Histograms fed once per step (batch_histogram.py): the hot path collects values.
-        self.ttft = BatchHistogram(
+        # Histograms fed once per step (step_histogram.py): the hot path collects values.
+        self.ttft = StepHistogram(
             "vllm:time_to_first_token_seconds", "Time to first token in seconds.", model_name,
             TTFT_BUCKETS,
         )  # fmt: skip
-        self.itl = BatchHistogram(
+        self.itl = StepHistogram(
             "vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", model_name,
             ITL_BUCKETS,
         )  # fmt: skip
-        self.e2e = BatchHistogram(
+        self.e2e = StepHistogram(
             "vllm:e2e_request_latency_seconds", "End to end request latency in seconds.",
             model_name, LATENCY_BUCKETS,
         )  # fmt: skip
-        self.queue_time = BatchHistogram(
+        self.queue_time = StepHistogram(
             "vllm:request_queue_time_seconds", "Time spent queued (API admission to first "
             "schedule) in seconds.", model_name, LATENCY_BUCKETS,
         )  # fmt: skip
@@ -193,7 +193,7 @@ class WorkerMetrics:
             self.queue_time.observe(max(0.0, d.first_scheduled_time - d.arrival_time))
 
     def on_budget(self, budget: Any) -> None:
-        """The turn's intake budget (workers/intake_budget.py); gauges set at snapshot time."""
+        """The turn's intake budget (workers/gpu/intake_budget.py); gauges set at snapshot time."""
         self._budget = budget
 
     def forget(self, request_id: str) -> None:
@@ -203,7 +203,7 @@ class WorkerMetrics:
 
     def snapshot_due(self, stats: Any, draining: bool) -> bool:
         """At most once per snapshot interval: set the gauges from `stats` and say a snapshot
-        is due (workers/metrics_publisher.py serialises it off the step thread)."""
+        is due (workers/gpu/metrics_publisher.py serialises it off the step thread)."""
         now = time.monotonic()
         elapsed = now - self._last_snapshot
         if elapsed < self.snapshot_interval_s:

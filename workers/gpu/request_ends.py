@@ -1,5 +1,5 @@
 # How a GPU worker's requests end other than by finishing: a Redis outage past its bound, drain
-# (SIGTERM) and shutdown. Every end bills what the client was sent (workers/outbox.py), once.
+# (SIGTERM) and shutdown. Every end bills what the client was sent (workers/gpu/outbox.py), once.
 from __future__ import annotations
 
 import logging
@@ -11,13 +11,13 @@ from service import streams as p
 from service.events import ErrorEvent, error_event
 from service.redis_clients import UNREACHABLE, Backoff
 from service.settings import Settings
-from workers.inflight import Inflight
-from workers.metrics import WorkerMetrics
-from workers.metrics_publisher import MetricsPublisher
-from workers.outbox import Outbox
-from workers.round_trip import RoundTrip
-from workers.usage import BusyMeter
-from workers.work_intake import forget_call
+from workers.gpu.inflight import Inflight
+from workers.gpu.metrics import WorkerMetrics
+from workers.gpu.metrics_publisher import MetricsPublisher
+from workers.gpu.outbox import Outbox
+from workers.gpu.round_trip import RoundTrip
+from workers.gpu.usage import BusyMeter
+from workers.gpu.work_intake import forget_call
 
 log = logging.getLogger("fleetlm.worker")
 

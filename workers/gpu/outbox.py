@@ -18,9 +18,9 @@ from service import streams as p
 from service.events import DoneEvent, ErrorEvent
 from service.queue_ownership import finish_call, requeue_call
 from service.settings import Settings
-from workers.inflight import Inflight
-from workers.output_events import delta_event_json, final_event
-from workers.usage import usage_record
+from workers.gpu.inflight import Inflight
+from workers.gpu.output_events import delta_event_json, final_event
+from workers.gpu.usage import usage_record
 
 # A stream's TTL is set with its first event and refreshed every this many (and at its end),
 # not with every token: one command per token instead of two on the step's round trip.

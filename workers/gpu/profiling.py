@@ -3,7 +3,7 @@
 # to <profile dir>/<worker id>-<UTC time>.pt.trace.json. It records at most `max_steps` steps:
 # the trace is built on the step loop's thread, which then serves nobody, and its size grows with
 # every step (unbounded, 12 s of CPU steps made a 729 MB trace and stalled the loop for 30 s).
-# Started, stepped and stopped on the step loop's thread (workers/control.py), the thread whose
+# Started, stepped and stopped on the step loop's thread (workers/gpu/control.py), the thread whose
 # operators the profiler records.
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 # What work costs on this worker, in seconds of its step loop, for the two decisions that keep
 # overload from turning into crawling streams: how many requests the engine may run at once and
-# still hold the TPOT target (workers/intake_budget.py), and how long the work admitted and not
+# still hold the TPOT target (workers/gpu/intake_budget.py), and how long the work admitted and not
 # yet started will take (published in the worker's stats for the API's admission,
 # api/load_shedding.py).
 #
@@ -10,7 +10,7 @@
 # CPU worker the step is only ~60 % of it). It prices the model actually loaded, measured on the
 # machine it runs on. Until it has seen enough steps nothing is priced (None): the worker then
 # takes work by its seat and waiting-room limits alone, and admission falls back on the
-# tokens-per-second rate (workers/load_report.py).
+# tokens-per-second rate (workers/gpu/load_report.py).
 from __future__ import annotations
 
 from engine.core.step_cost import StepCostModel, StepFeatures, chunk_pairs

@@ -11,7 +11,7 @@ from sqlalchemy.exc import DBAPIError
 from metering.db import make_engine, make_sessionmaker
 from service.celery_app import ADVANCE_TASK, SWEEP_TASK, app
 from service.settings import Settings
-from workers.batch_runner import Runner
+from workers.batch.runner import Runner
 
 _bound: dict[str, Settings] = {}
 

@@ -39,7 +39,7 @@ from service.schemas.completions import CompletionFormatter, CompletionRequest
 from service.schemas.models import ModelCard
 from service.schemas.sampling import Usage
 from service.settings import Settings
-from workers import batch_admission as ba
+from workers.batch import admission as ba
 
 log = logging.getLogger("fleetlm.batches")
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from engine import LLMEngine
 from engine.core.request import Priority
 from service.settings import Settings
-from workers.load_report import LoadReport
-from workers.step_prices import StepPrices
+from workers.gpu.load_report import LoadReport
+from workers.gpu.step_prices import StepPrices
 
 # The TPOT target is never below this many lone-stream turns. At t(B) = 2·t(1) a running set of B
 # streams gets about half the throughput of an unbounded one (t(B) ≈ t(1) + B·row): on a GPU the

@@ -1,8 +1,8 @@
 # The per-step Redis round trip of a GPU worker: one pipelined trip publishes what the outbox
 # holds (deltas, finishes, fails, hand-backs), reads cancel flags, writes the engine's stats and
-# the prefix blocks it cached or evicted (workers/prefix_publisher.py), XAUTOCLAIMs the entries of
-# dead workers and re-reads the routed workers now and then, and takes new work
-# (workers/work_intake.py); `apply` then acts on what came back. A trip Redis did not take
+# the prefix blocks it cached or evicted (workers/gpu/prefix_publisher.py), XAUTOCLAIMs the
+# entries of dead workers and re-reads the routed workers now and then, and takes new work
+# (workers/gpu/work_intake.py); `apply` then acts on what came back. A trip Redis did not take
 # leaves everything in the outbox for the next one.
 from __future__ import annotations
 
@@ -19,23 +19,23 @@ from engine import LLMEngine
 from service import streams as p
 from service.redis_clients import UNREACHABLE, Backoff
 from service.settings import Settings
-from workers.client_leases import ClientLeaseWatch
-from workers.exchange import Exchange, checked
-from workers.heartbeat import Heartbeat
-from workers.inflight import Inflight, owned_entries
-from workers.intake_budget import IntakeBudget, intake_budget
-from workers.load_report import LoadReport
-from workers.metrics import WorkerMetrics
-from workers.metrics_publisher import MetricsPublisher
-from workers.outbox import Outbox, Written
-from workers.prefix_publisher import PrefixPublisher
-from workers.queue_admission import QueueAdmission
-from workers.redis_outage import RedisOutage
-from workers.step_prices import StepPrices
-from workers.step_timing import StepTiming
-from workers.usage import BusyMeter
-from workers.work_intake import Intake, forget_call, taken_entries
-from workers.worker_counts import WorkerCounts
+from workers.gpu.client_leases import ClientLeaseWatch
+from workers.gpu.exchange import Exchange, checked
+from workers.gpu.heartbeat import Heartbeat
+from workers.gpu.inflight import Inflight, owned_entries
+from workers.gpu.intake_budget import IntakeBudget, intake_budget
+from workers.gpu.load_report import LoadReport
+from workers.gpu.metrics import WorkerMetrics
+from workers.gpu.metrics_publisher import MetricsPublisher
+from workers.gpu.outbox import Outbox, Written
+from workers.gpu.prefix_publisher import PrefixPublisher
+from workers.gpu.queue_admission import QueueAdmission
+from workers.gpu.redis_outage import RedisOutage
+from workers.gpu.step_prices import StepPrices
+from workers.gpu.step_timing import StepTiming
+from workers.gpu.usage import BusyMeter
+from workers.gpu.work_intake import Intake, forget_call, taken_entries
+from workers.gpu.worker_counts import WorkerCounts
 
 log = logging.getLogger("fleetlm.worker")
 
@@ -92,7 +92,7 @@ class RoundTrip:
         self.dead_after_ms = int(settings.worker_dead_after_s * 1000)
         self.intake = Intake(worker_id)  # its queues, and the other routed workers'
         self.prefix = PrefixPublisher(engine.block_manager, worker_id, settings, self.dead_after_ms)
-        self.budget: IntakeBudget | None = None  # the last turn's (workers/intake_budget.py)
+        self.budget: IntakeBudget | None = None  # the last turn's (workers/gpu/intake_budget.py)
         self._reclaim_after = 0.0  # monotonic: no XAUTOCLAIM before (others' heartbeats resume)
         self._last_reclaim = 0.0
         self._claim_cursor: dict[str, str] = {}  # queue → XAUTOCLAIM scan position
@@ -187,7 +187,7 @@ class RoundTrip:
         if self.metrics.snapshot_due(stats, self.draining.is_set()):
             self.metrics_publisher.submit()  # serialised and written off this thread
 
-        # Only what the engine can start at the TPOT target (workers/intake_budget.py); batch
+        # Only what the engine can start at the TPOT target (workers/gpu/intake_budget.py); batch
         # work only with headroom, leaving room for an interactive arrival (which would
         # otherwise preempt it), and then no more than that room this turn.
         room = budget.interactive_room

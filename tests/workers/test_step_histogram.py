@@ -4,8 +4,8 @@ import random
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from workers.batch_histogram import BatchHistogram
-from workers.metrics import ITL_BUCKETS
+from workers.gpu.metrics import ITL_BUCKETS
+from workers.gpu.step_histogram import StepHistogram
 
 
 def test_exposition_matches_prometheus_client():
@@ -16,7 +16,7 @@ def test_exposition_matches_prometheus_client():
     plain = Histogram("vllm:x_seconds", "doc", ["model_name"], buckets=ITL_BUCKETS,
                       registry=reference).labels("m")  # fmt: skip
     ours_registry = CollectorRegistry()
-    ours = BatchHistogram("vllm:x_seconds", "doc", "m", ITL_BUCKETS)
+    ours = StepHistogram("vllm:x_seconds", "doc", "m", ITL_BUCKETS)
     ours_registry.register(ours)
     for v in values:
         plain.observe(v)

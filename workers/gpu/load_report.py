@@ -1,7 +1,7 @@
 # What a worker tells admission about its speed (in its stats hash, read by the API's load
 # shedding): tokens it processes per second of work (prompt and output tokens alike, the unit the
 # queues' token counters count in; admission's fallback until the step prices are fitted,
-# workers/step_prices.py) and the mean prompt and output lengths of the requests it finished:
+# workers/gpu/step_prices.py) and the mean prompt and output lengths of the requests it finished:
 # admission uses the output as the expected output of a request without a small max_tokens, and
 # both to price the tokens queued in Redis and to size the mean request's KV.
 #

@@ -15,10 +15,10 @@
 # published) and keeps waiting for Redis to deliver those ends. It never exits on a Redis error.
 #
 # The worker is composed of the objects it owns, each handed what it reads and writes: the loop
-# and its lifecycle here, the round trip in workers/round_trip.py (which holds the outage
-# state), taking requests in in workers/queue_admission.py, ending them other than by
-# finishing (outage, drain, shutdown) in workers/request_ends.py, stopping those whose API
-# process died in workers/client_leases.py. The requests it runs (`inflight`, guarded by
+# and its lifecycle here, the round trip in workers/gpu/round_trip.py (which holds the outage
+# state), taking requests in in workers/gpu/queue_admission.py, ending them other than by
+# finishing (outage, drain, shutdown) in workers/gpu/request_ends.py, stopping those whose API
+# process died in workers/gpu/client_leases.py. The requests it runs (`inflight`, guarded by
 # `lock` against the heartbeat thread) are shared by all of them.
 from __future__ import annotations
 
@@ -37,24 +37,24 @@ from engine import LLMEngine
 from service import streams as p
 from service.redis_clients import UNREACHABLE, sync_redis
 from service.settings import Settings
-from workers.client_leases import ClientLeaseWatch
-from workers.control import WorkerControl
-from workers.exchange import Exchange
-from workers.heartbeat import Heartbeat
-from workers.inflight import Inflight, owned_entries
-from workers.load_report import LoadReport
-from workers.metrics import WorkerMetrics
-from workers.metrics_publisher import MetricsPublisher
-from workers.outbox import Outbox
-from workers.poll_pacer import SPIN_S, PollPacer
-from workers.queue_admission import QueueAdmission
-from workers.request_ends import RequestEnds
-from workers.round_trip import RoundTrip, until_redis_answers
-from workers.step_prices import StepPrices
-from workers.step_timing import StepTiming
-from workers.torch_threads import apply_torch_threads
-from workers.usage import BusyMeter
-from workers.worker_counts import WorkerCounts
+from workers.gpu.client_leases import ClientLeaseWatch
+from workers.gpu.control import WorkerControl
+from workers.gpu.exchange import Exchange
+from workers.gpu.heartbeat import Heartbeat
+from workers.gpu.inflight import Inflight, owned_entries
+from workers.gpu.load_report import LoadReport
+from workers.gpu.metrics import WorkerMetrics
+from workers.gpu.metrics_publisher import MetricsPublisher
+from workers.gpu.outbox import Outbox
+from workers.gpu.poll_pacer import SPIN_S, PollPacer
+from workers.gpu.queue_admission import QueueAdmission
+from workers.gpu.request_ends import RequestEnds
+from workers.gpu.round_trip import RoundTrip, until_redis_answers
+from workers.gpu.step_prices import StepPrices
+from workers.gpu.step_timing import StepTiming
+from workers.gpu.torch_threads import apply_torch_threads
+from workers.gpu.usage import BusyMeter
+from workers.gpu.worker_counts import WorkerCounts
 
 log = logging.getLogger("fleetlm.worker")
 
@@ -224,7 +224,7 @@ class GpuWorker:
         """A finished step's deltas go to the outbox; its busy time, metrics and service rate
         are counted. Returns its trace row (-1: no step). The rate counts the whole turn so
         far: what a step costs the loop, host work and the round trip included
-        (workers/load_report.py)."""
+        (workers/gpu/load_report.py)."""
         self.outbox.deltas += deltas
         if step is None:
             return -1
@@ -247,7 +247,7 @@ class GpuWorker:
 
     def _poll_while_running(self, step, exchange: Exchange, results: list) -> tuple[list, bool]:
         """New queue entries read while the step is still on the GPU, every worker_poll_s, as
-        long as the step is expected to outlast a poll (workers/poll_pacer.py): a request that
+        long as the step is expected to outlast a poll (workers/gpu/poll_pacer.py): a request that
         arrives during a long step is admitted right after it, not a step later. Returns
         [(queue, entry_id, fields)] for _apply, and whether the step was seen done."""
         interval = self.settings.worker_poll_s

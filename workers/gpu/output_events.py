@@ -19,7 +19,7 @@ from engine.outputs import RequestDelta
 from service.events import DeltaEvent, DoneEvent, ErrorEvent, error_event
 from service.output_stream import OutputFollower
 from service.streams import delivered_of
-from workers.inflight import Inflight
+from workers.gpu.inflight import Inflight
 
 
 def logprob_entries(logprobs: list) -> list[dict]:

@@ -1,10 +1,10 @@
 # What a GPU worker counts over its life, written into its stats hash every round trip
-# (workers/round_trip.py): the routers and the API read them.
+# (workers/gpu/round_trip.py): the routers and the API read them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workers.work_intake import HOW
+from workers.gpu.work_intake import HOW
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ class Inflight:
     first_token_time: float | None = None
     scheduled_time: float | None = None
     cancel_delivered: int | None = None  # the client went away after receiving this many
-    # Its API process's lease (workers/client_leases.py): the tokens it last said the client
+    # Its API process's lease (workers/gpu/client_leases.py): the tokens it last said the client
     # was sent, and since when (worker clock) the lease has been seen missing.
     lease_delivered: int = 0
     lease_missing_since: float | None = None

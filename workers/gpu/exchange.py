@@ -1,4 +1,4 @@
-# One step's Redis round trip of a GPU worker (workers/round_trip.py builds and sends it): the
+# One step's Redis round trip of a GPU worker (workers/gpu/round_trip.py builds and sends it): the
 # pipeline, what it carries out of the outbox, and at which index each of its reads replies.
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from workers.outbox import Written
-from workers.prefix_publisher import BlocksWritten
+from workers.gpu.outbox import Written
+from workers.gpu.prefix_publisher import BlocksWritten
 
 
 @dataclass(slots=True)
@@ -24,7 +24,7 @@ class Exchange:
     at_leases: int = -1
     at_reclaim: int = -1
     at_routes: int = -1  # the routed workers (SMEMBERS), read with the XAUTOCLAIMs
-    at_take: int = -1  # the take script's reply (workers/work_intake.py)
+    at_take: int = -1  # the take script's reply (workers/gpu/work_intake.py)
     at_read: int = -1  # an idle worker's blocking XREADGROUP reply
     idle: bool = False  # nothing to step: the read may block
     build_s: float = 0.0
@@ -43,7 +43,7 @@ class Exchange:
 
 def checked(exchange: Exchange, results: list) -> list:
     """Raises the first error of the round trip's replies, but for the XAUTOCLAIMs': a queue
-    scanned may have been removed meanwhile (workers/work_intake.py's FORGET_SCRIPT)."""
+    scanned may have been removed meanwhile (workers/gpu/work_intake.py's FORGET_SCRIPT)."""
     claims = range(exchange.at_reclaim, exchange.at_reclaim + len(exchange.streams))
     for i, reply in enumerate(results):
         if isinstance(reply, Exception) and i not in claims:

@@ -8,7 +8,7 @@ import time
 from engine.outputs import RequestDelta
 from metering.records import BusyRecord, RequestRecord, encode_record, usage_counts
 from service.events import DoneEvent, ErrorEvent
-from workers.inflight import Inflight
+from workers.gpu.inflight import Inflight
 
 STATUS_BY_FINISH_REASON = {
     "stop": "completed",

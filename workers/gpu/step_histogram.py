@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 
-class BatchHistogram(Collector):
+class StepHistogram(Collector):
     def __init__(self, name: str, documentation: str, model_name: str, buckets: Sequence[float]):
         self.name = name
         self.documentation = documentation

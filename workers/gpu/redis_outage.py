@@ -1,5 +1,5 @@
 # A GPU worker's view of a Redis outage: since when Redis has taken no round trip, whether the
-# worker has ended its requests for it (past redis_outage_s: workers/request_ends.py), and the
+# worker has ended its requests for it (past redis_outage_s: workers/gpu/request_ends.py), and the
 # back-off between its retries. The round trip marks it; the step loop pauses while it lasts.
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import time
 
 from engine import LLMEngine
 from service import streams as p
-from workers.inflight import Inflight
+from workers.gpu.inflight import Inflight
 
 log = logging.getLogger("fleetlm.worker")
 
