@@ -1,4 +1,4 @@
-# Celery tasks for batch jobs: thin, idempotent, they take ids; the work is workers/batch_runner.
+# Celery tasks for batch jobs: thin, idempotent, they take ids; the work is workers/batch/runner.py.
 # The Celery worker command binds the settings (with the resolved Redis and Postgres URLs) before
 # the worker starts; the runner is built on first use, in the process that runs the tasks.
 from __future__ import annotations
