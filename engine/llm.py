@@ -53,9 +53,15 @@ class LLM:
             if p.structured_output is not None:  # a bad grammar raises here (then it is cached)
                 self.engine.grammars.check(p.structured_output)
             self.engine.add_request(request_id, ids, p, prio)
-            outputs[request_id] = CompletionOutput(
+            output = CompletionOutput(
                 request_id=request_id, prompt_token_ids=ids, num_prompt_tokens=len(ids)
             )
+            if p.n > 1:
+                output.choices = [
+                    CompletionOutput(request_id, ids, num_prompt_tokens=len(ids))
+                    for _ in range(p.n)
+                ]
+            outputs[request_id] = output
             order.append(request_id)
         pending = set(order)
         while pending:

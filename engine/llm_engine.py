@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.prefill_order import PrefillOrder
 from engine.core.request import Priority, Request, RequestStatus
+from engine.core.request_group import RequestGroup, copy_id, copy_params
 from engine.core.request_intake import new_request
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.step_cost import PrefillPolicy
@@ -114,6 +115,7 @@ class LLMEngine:
         self._eos_for_grammars = eos
         self._grammar_pool: ThreadPoolExecutor | None = None
         self._compiling: dict[str, tuple[Future, Request]] = {}
+        self._groups: dict[str, RequestGroup] = {}  # unfinished n > 1 requests by caller id
         self.last_schedule_s = 0.0
         self.step_trace: StepTrace | None = None  # enable_step_trace() turns recording on
         self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
@@ -180,20 +182,39 @@ class LLMEngine:
         it had produced; they are recomputed like a preempted request's (prefix-cached where
         possible), count as output (max_tokens, min_tokens, usage) and are not emitted again."""
         self._check_no_step_in_flight()
-        if params is not None and params.prompt_logprobs is not None and self.tp.size > 1:
+        params = params or SamplingParams()
+        if params.prompt_logprobs is not None and self.tp.size > 1:
             raise ValueError("prompt_logprobs is not supported with tensor parallelism")
-        request = new_request(
-            request_id, prompt_token_ids, params or SamplingParams(), Priority.parse(priority),
-            arrival_time, cache_salt, output_token_ids, vocab_size=self.model_config.vocab_size,
-            max_model_len=self.max_model_len, tokenizer=self.tokenizer,
-        )  # fmt: skip
+        if request_id in self._groups:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        if params.n > 1 and output_token_ids:
+            raise ValueError("a request with n > 1 cannot resume from output tokens")
+
+        def make(rid: str, sampling: SamplingParams) -> Request:
+            return new_request(
+                rid, prompt_token_ids, sampling, Priority.parse(priority), arrival_time,
+                cache_salt, output_token_ids, vocab_size=self.model_config.vocab_size,
+                max_model_len=self.max_model_len, tokenizer=self.tokenizer,
+            )  # fmt: skip
+
+        if params.n == 1:
+            self._enqueue(make(request_id, params))
+            return
+        # n copies: all checked before any is queued; copy 0 first, so it is admitted first.
+        copies = [make(copy_id(request_id, i), copy_params(params, i)) for i in range(params.n)]
+        self._groups[request_id] = RequestGroup(request_id, copies)
+        for request in copies:
+            self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> None:
+        """Into the scheduler, or first to the grammar thread when it is constrained."""
         spec = request.params.structured_output
         if spec is None:
             self.scheduler.add_request(request)
             return
         if self._grammar_pool is None:
             self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
-        self._compiling[request_id] = (
+        self._compiling[request.request_id] = (
             self._grammar_pool.submit(self.grammars.matcher, spec),
             request,
         )
@@ -238,6 +259,13 @@ class LLMEngine:
     def abort(self, request_id: str) -> bool:
         """Frees the request's KV blocks now; its final delta comes with the next step."""
         self._check_no_step_in_flight()
+        group = self._groups.get(request_id)
+        if group is not None:  # every copy still running (their last one ends the request)
+            aborted = [self._abort_one(r.request_id) for r in group.members]
+            return any(aborted)
+        return self._abort_one(request_id)
+
+    def _abort_one(self, request_id: str) -> bool:
         request = self.scheduler.requests.get(request_id)
         if request is None:
             compiling = self._compiling.pop(request_id, None)
@@ -355,6 +383,8 @@ class LLMEngine:
         for delta in deltas:
             for lp in (delta.logprobs or []) + (delta.prompt_logprobs or []):
                 lp.decode(self.tokenizer)
+            if delta.finish_reasons is not None:  # an n > 1 request's end
+                self._groups.pop(delta.request_id, None)
         step.finish_s = time.perf_counter() - t_wait
         self._observe_step_time(step)
         if self.step_trace is not None and not out.is_empty:

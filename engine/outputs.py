@@ -33,6 +33,11 @@ class RequestDelta:
     logprobs: list[Any] | None = None
     # With its first tokens, when asked: TokenLogprob per prompt token after the first
     prompt_logprobs: list[Any] | None = None
+    # n > 1 (engine/request_group.py): the choice these tokens belong to; on the request's final
+    # delta, every choice's finish reason. A choice that ends before the others has its
+    # finish_reason set on a delta that is not `finished`.
+    index: int = 0
+    finish_reasons: list[str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -51,8 +56,32 @@ class CompletionOutput:
     finish_time: float | None = None
     logprobs: list[Any] | None = None  # engine.sampling.logprobs.TokenLogprob per token, when asked
     prompt_logprobs: list[Any] | None = None  # per prompt token after the first, when asked
+    # n > 1: each choice's output, in index order; this output's own fields are choice 0's
+    # (its finish_reason the request's).
+    choices: list[CompletionOutput] = field(default_factory=list)
 
     def apply(self, delta: RequestDelta) -> None:
+        if self.choices:
+            choice = self.choices[delta.index]
+            choice.apply_tokens(delta)
+            reason = delta.finish_reasons[delta.index] if delta.finish_reasons else None
+            reason = reason or delta.finish_reason
+            if reason is not None and choice.finish_reason is None:
+                choice.finish_reason, choice.error = reason, delta.error
+                choice.finish_time = delta.finish_time
+            if delta.index != 0:
+                if delta.finished:  # the request's end: the group's reason and usage
+                    self.num_cached_tokens = delta.usage.cached_tokens
+                    self.finish_reason, self.error = delta.finish_reason, delta.error
+                    self.finish_time = delta.finish_time
+                return
+        self.apply_tokens(delta)
+        if delta.finished:
+            self.finish_reason = delta.finish_reason
+            self.error = delta.error
+            self.finish_time = delta.finish_time
+
+    def apply_tokens(self, delta: RequestDelta) -> None:
         if delta.prompt_logprobs is not None:
             self.prompt_logprobs = delta.prompt_logprobs
         self.token_ids.extend(delta.new_token_ids)
@@ -62,10 +91,6 @@ class CompletionOutput:
         self.num_cached_tokens = delta.usage.cached_tokens
         self.num_preemptions = delta.usage.preemptions
         self.first_token_time = delta.first_token_time
-        if delta.finished:
-            self.finish_reason = delta.finish_reason
-            self.error = delta.error
-            self.finish_time = delta.finish_time
 
 
 @dataclass(slots=True)

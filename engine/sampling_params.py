@@ -61,6 +61,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: dict[int, float] | None = None
+    # Choices to generate from the one prompt (OpenAI's `n`): the engine runs n copies that
+    # share the prompt's KV blocks (engine/request_group.py); copy i samples with seed + i.
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.structured_output, dict):
@@ -114,6 +117,10 @@ class SamplingParams:
                 raise ValueError("logit_bias values must be in [-100, 100]")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError("seed must be in [0, 2**63)")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+        if self.n > 1 and self.max_tokens == 0:
+            raise ValueError("n > 1 needs max_tokens of at least 1 (max_tokens 0 samples nothing)")
 
     @property
     def uses_history(self) -> bool:

@@ -46,6 +46,7 @@ class Request:
         "block_ids",
         "block_table_cache",
         "cache_salt",
+        "choice_index",
         "detokenizer",
         "draft_lag",
         "error",
@@ -53,8 +54,10 @@ class Request:
         "finish_time",
         "first_scheduled_time",
         "first_token_time",
+        "fork_source",
         "generator",
         "grammar",
+        "group",
         "max_tokens",
         "ngram_index",
         "num_cached_tokens",
@@ -126,6 +129,11 @@ class Request:
         # until computed); sent once, with the request's first delta that has tokens.
         self.prompt_logprobs: list[Any] | None = None
         self.prompt_logprobs_sent = False
+        # n > 1 (engine/request_group.py): the group it is a copy of, its choice index, and
+        # until its admission the copy whose prompt KV blocks it forks (None: computes its own).
+        self.group: Any = None
+        self.choice_index = 0
+        self.fork_source: Request | None = None
         # Speculative decoding. Drafts are scheduled and scored but never part of token_ids:
         # only verified tokens are appended, so block hashes never cover a rejected token.
         self.spec_slots = 0  # draft slots wanted (set by the policy) / granted (by the scheduler)

@@ -250,7 +250,12 @@ class Scheduler:
             if bm.num_blocks_for(request.num_tokens + 1) > bm.num_blocks:
                 self._fail_unfittable(request, out)  # leaves the queue in finish()
                 continue
-            hits = bm.find_cached_prefix(request)
+            if request.fork_source is not None:
+                hits = self._fork_blocks(request)
+                if hits is None:
+                    continue  # its source's prompt is not computed yet: it will be
+            else:
+                hits = bm.find_cached_prefix(request)
             num_computed = len(hits) * bm.block_size
             others = len(self.running) + self.num_waiting - 1
             chunk = min(prefill_left, self.order.chunk_cap(request, others))
@@ -269,6 +274,7 @@ class Scheduler:
             if request.num_preemptions == 0:  # (a resumed request's hits may pass its prompt)
                 request.num_cached_tokens = min(num_computed, request.num_prompt_tokens)
             request.status = RequestStatus.RUNNING
+            request.fork_source = None  # (a preempted copy resumes from the prefix cache)
             request.spec_slots = 0
             request.admitted_seq = self._admissions
             self._admissions += 1
@@ -276,6 +282,24 @@ class Scheduler:
             scheduled[request] = num_new
             budget -= num_new
             prefill_left -= num_new
+
+    def _fork_blocks(self, request: Request) -> list[int] | None:
+        """The leading full prompt blocks a copy of an n > 1 request shares with the copy that
+        computes the prompt (by reference count: nothing is copied or computed again). Every
+        shared block is full and computed, so neither copy ever writes into one; the copy
+        computes its own partial last block and at least the prompt's last token (the position
+        it samples its first token from). None: wait, the source has not computed them yet
+        (it is admitted first and its next step computes them). A source that is gone, or was
+        preempted, shares nothing; the prefix cache may still serve the copy."""
+        source, bm = request.fork_source, self.block_manager
+        num_shared = (request.num_tokens - 1) // bm.block_size
+        if source.status is RequestStatus.WAITING and source.num_preemptions == 0:
+            return None if num_shared else []
+        if source.status is not RequestStatus.RUNNING:
+            return bm.find_cached_prefix(request)
+        if source.num_computed_tokens < num_shared * bm.block_size:
+            return None
+        return source.block_ids[:num_shared]
 
     def _preempt_batch(self, scheduled: dict[Request, int], out: SchedulerOutput) -> bool:
         batch = [r for r in self.running if r.priority is Priority.BATCH]

@@ -54,7 +54,7 @@ def request_delta(request: Request, new_ids: list[int], text: str) -> RequestDel
         and (new_ids or request.is_finished)
     ):
         prompt_logprobs, request.prompt_logprobs_sent = request.prompt_logprobs, True
-    return RequestDelta(
+    delta = RequestDelta(
         request_id=request.request_id,
         new_token_ids=new_ids,
         new_text=text,
@@ -76,3 +76,6 @@ def request_delta(request: Request, new_ids: list[int], text: str) -> RequestDel
         prompt_logprobs=prompt_logprobs,
         finish_time=request.finish_time,
     )
+    if request.group is not None:  # a copy of an n > 1 request: the group's delta
+        return request.group.regroup(request, delta)
+    return delta
