@@ -27,6 +27,7 @@ from service.limits import release, reserve
 from service.logging_setup import request_id_var
 from service.queued_request import QueuedRequest
 from service.redis_clients import UNREACHABLE, Backoff
+from service.schemas.choices import Choices
 from service.schemas.chunk_usage import ChunkUsage
 from service.schemas.formatter import Formatter
 from service.schemas.sampling import Usage
@@ -92,15 +93,16 @@ async def generate(
         },
     )
     headers["x-request-id"] = queued.request_id
+    choices = Choices(fmt, queued.sampling.n)
     if stream:
         usage = ChunkUsage(include_usage, continuous_usage, len(queued.prompt_token_ids))
         peer = attach_peer(request.scope)
-        body = _stream(peer, state, lease, fmt, usage, drain)
+        body = _stream(peer, state, lease, choices, usage, drain)
         headers["cache-control"] = "no-cache"
         return EventStreamResponse(body, peer, headers, on_close=lambda: state.leases.close(lease))
     drain.opened()
     try:
-        return await _collect(request, state, queued.request_id, fmt, headers, drain)
+        return await _collect(request, state, queued.request_id, choices, headers, drain)
     finally:
         drain.closed()
         state.leases.close(lease)
@@ -110,7 +112,7 @@ async def _stream(
     peer: Peer,
     state: AppState,
     lease: Lease,
-    fmt: Formatter,
+    choices: Choices,
     usage: ChunkUsage,
     drain: Drain,
 ) -> AsyncIterator[str]:
@@ -120,14 +122,17 @@ async def _stream(
     # Counted from the first chunk: a body never iterated must not hold a drain open.
     drain.opened()
 
+    fmt = choices.formatters[0]
+
     def content(text: str) -> dict[str, Any]:
         return fmt.chunk(text, None) | usage.field()
 
-    # Only the text is encoded per token (api/sse.py), unless every chunk has its own usage.
-    template = None if usage.continuous else ChunkTemplate(content)
+    # Only the text is encoded per token (api/sse.py), unless every chunk has its own usage
+    # or the chunks are of several choices.
+    template = None if usage.continuous or choices.n > 1 else ChunkTemplate(content)
     try:
-        if fmt.first_chunk is not None:
-            yield sse(fmt.first_chunk | usage.field())
+        for first in choices.first_chunks():
+            yield sse(first | usage.field())
         events = relay_events(
             state.redis, state.settings, request_id, drain.deadline_passed, state.mux
         )
@@ -138,7 +143,13 @@ async def _stream(
                 continue
             text = event.get("text", "")
             usage.update(event)
+            if kind == "delta" and "finish_reason" in event:  # one of n choices ended
+                for last in choices.closing_chunks(event):
+                    yield sse(last | usage.field())
+                delivered = lease.delivered = event["completion_tokens"]
+                continue
             if kind == "delta":
+                _, fmt = choices.of(event)
                 text = fmt.feed(text)
                 logprobs = fmt.event_logprobs(event)
                 if text or logprobs:
@@ -165,8 +176,7 @@ async def _stream(
                 break
             ended = True
             # finish_reason rides on the last chunk (after any tool calls held back)
-            logprobs = fmt.event_logprobs(event)
-            for last in fmt.closing_chunks(text, event["finish_reason"], logprobs):
+            for last in choices.closing_chunks(event):
                 yield sse(last | usage.field())
             if usage.include_usage:
                 yield sse(fmt.usage_chunk(usage.final()))
@@ -187,24 +197,22 @@ async def _collect(
     request: Request,
     state: AppState,
     request_id: str,
-    fmt: Formatter,
+    choices: Choices,
     headers: dict[str, str],
     drain: Drain,
 ) -> Response:
-    logprobs: list[dict] = []
-
-    async def consume() -> tuple[str, dict[str, Any]]:
-        parts: list[str] = []
+    async def consume() -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
         async for event in relay_events(
             state.redis, state.settings, request_id, drain.deadline_passed, state.mux
         ):
-            parts.append(event.get("text", ""))
-            if event["type"] != "error":
-                logprobs.extend(fmt.event_logprobs(event) or ())
+            if event["type"] == "keepalive":
+                continue
+            events.append(event)
             if event["type"] == "error" and event.get("worker") is None:
                 await _cancel(state, request_id, 0)  # the relay gave up: the worker must too
             if event["type"] in FINAL_EVENTS:
-                return "".join(parts), event
+                return events
         raise AssertionError("relay ended without a final event")
 
     collector = asyncio.ensure_future(consume())
@@ -219,14 +227,14 @@ async def _collect(
                 await _cancel(state, request_id, 0)  # nothing of it reached the client
     if not collector.done() or collector.cancelled():
         return Response(status_code=499)  # nobody is listening any more
-    text, event = collector.result()
+    events = collector.result()
+    event = events[-1]
     if event["type"] == "error":
         err = event_error(event)
         if err.status == 503:
             headers = headers | {"retry-after": str(state.settings.unavailable_retry_after_s)}
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
-    usage = Usage.from_counts(event["usage"])
-    body = fmt.response(text, event["finish_reason"], usage, logprobs or None)
+    body = choices.response(events, Usage.from_counts(event["usage"]))
     return JSONResponse(body, headers=headers)
 
 

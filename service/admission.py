@@ -39,7 +39,7 @@ def queued_tokens(queued: QueuedRequest, max_model_len: int, mean_output: float 
     num_prompt = len(queued.prompt_token_ids)
     max_tokens = queued.sampling.max_tokens or max(max_model_len - num_prompt, 1)
     expected = DEFAULT_OUTPUT_TOKENS if mean_output is None else mean_output
-    return num_prompt + min(max_tokens, math.ceil(expected))
+    return num_prompt + min(max_tokens, math.ceil(expected)) * queued.sampling.n
 
 
 def enqueued_key(request_id: str) -> str:

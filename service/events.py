@@ -26,6 +26,10 @@ class DeltaEvent(TypedDict):
     logprobs: NotRequired[list[dict]]
     # With the first event of a request that asked: per prompt token after the first, likewise
     prompt_logprobs: NotRequired[list[dict]]
+    # n > 1: the choice of these tokens (completion_tokens counts every choice's), and the
+    # choice's finish_reason on the delta that ends it while others go on
+    index: NotRequired[int]
+    finish_reason: NotRequired[str]
 
 
 class ResumeEvent(TypedDict):
@@ -44,6 +48,10 @@ class DoneEvent(TypedDict):
     usage: UsageCounts
     logprobs: NotRequired[list[dict]]  # the last tokens' (as DeltaEvent's)
     prompt_logprobs: NotRequired[list[dict]]  # when no delta came before (max_tokens 0)
+    # n > 1: the choice of `text` and `logprobs`, and every choice's finish reason (a choice
+    # whose ending delta a reader skipped as a duplicate ends here)
+    index: NotRequired[int]
+    finish_reasons: NotRequired[list[str]]
 
 
 class ErrorEvent(TypedDict):

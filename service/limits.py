@@ -49,7 +49,7 @@ def reserved_tokens(state: AdmissionContext, queued: QueuedRequest) -> int:
     max_tokens = queued.sampling.max_tokens
     if max_tokens is None:  # up to the context limit
         max_tokens = state.model_card.max_model_len - num_prompt
-    return num_prompt + max_tokens
+    return num_prompt + max_tokens * queued.sampling.n  # every choice may run to max_tokens
 
 
 async def reserve(

@@ -77,6 +77,7 @@ def _content_chars(messages: list[dict]) -> int:
 
 def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: int) -> None:
     """The limits a schema cannot state: they depend on settings, the vocabulary or the prompt."""
+    body.check_n(state.settings.max_n)
     max_chars = state.settings.max_stop_chars
     if any(len(s) > max_chars for s in body.stop or ()):
         raise invalid_param("stop", f"each stop sequence must be at most {max_chars} characters")

@@ -36,6 +36,7 @@ class Sampling:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: dict[int, float] | None = None  # (JSON keys: strings; SamplingParams converts)
+    n: int = 1  # choices; their events carry an "index" (service/events.py)
 
 
 @dataclass(slots=True)

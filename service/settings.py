@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(30.0, gt=0)  # a whole request body, from its headers
     upload_timeout_s: float = Field(600.0, gt=0)  # ... of an upload to /v1/files
     max_stop_chars: int = Field(1024, ge=1)  # each stop string (at most 4, as OpenAI's)
+    max_n: int = Field(16, ge=1)  # choices per request (`n`); they share the prompt's KV blocks
     # A second listener that serves only GET /metrics, without a key, for the scraper (0: off;
     # the API port's /metrics always needs an admin key).
     metrics_port: int = Field(0, ge=0, le=65535)

@@ -137,11 +137,16 @@ class ChatFormatter(Formatter):
         self._held = ""
         self._holding = tool_mode is not None
 
+    def for_choice(self, index: int) -> ChatFormatter:
+        twin = super().for_choice(index)
+        twin.first_chunk = twin._chunk({"role": "assistant", "content": ""}, None)
+        return twin
+
     def _chunk(
         self, delta: dict[str, Any], finish_reason: str | None, logprobs: list | None = None
     ) -> dict[str, Any]:
         choice = {
-            "index": 0,
+            "index": self.index,
             "delta": delta,
             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
             "finish_reason": finish_reason,
@@ -200,7 +205,7 @@ class ChatFormatter(Formatter):
                 ]  # fmt: skip
                 finish_reason = _calls_finish(finish_reason)
         choice = {
-            "index": 0,
+            "index": self.index,
             "message": message,
             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
             "finish_reason": finish_reason,

@@ -38,6 +38,17 @@ class CompletionRequest(SamplingRequest):
             return v[0]
         return v
 
+    def check_n(self, max_n: int) -> None:
+        super().check_n(max_n)
+        if self.best_of is not None and self.n > self.best_of:
+            raise invalid_param(
+                "n",
+                "n must not exceed best_of (only best_of 1 is supported: leave best_of out to "
+                "ask for n choices)",
+            )
+        if self.n > 1 and self.max_tokens == 0:
+            raise invalid_param("n", "n > 1 needs max_tokens of at least 1 (0 scores the prompt)")
+
     def effective_max_tokens(self) -> int | None:
         if self.max_tokens == 0 and not self.echo:
             raise invalid_param(
@@ -99,7 +110,7 @@ class CompletionFormatter(Formatter):
         self, text: str, finish_reason: str | None, logprobs: list[dict] | None = None
     ) -> dict[str, Any]:
         choice = {
-            "index": 0,
+            "index": self.index,
             "text": text,
             "logprobs": None if logprobs is None else self._legacy(logprobs),
             "finish_reason": finish_reason,

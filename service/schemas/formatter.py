@@ -3,6 +3,7 @@
 # batch runner writes a finished line's response with the same formatter.
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -10,9 +11,16 @@ from service.schemas.sampling import Usage
 
 
 class Formatter:
-    """Endpoint-specific shapes: chat.completion(.chunk) or text_completion."""
+    """Endpoint-specific shapes: chat.completion(.chunk) or text_completion, of one choice."""
 
     first_chunk: dict[str, Any] | None = None  # sent before any token (the chat role delta)
+    index = 0  # the choice's (n > 1: service/schemas/choices.py makes one formatter each)
+
+    def for_choice(self, index: int) -> Formatter:
+        """A fresh formatter like this one (which has formatted nothing yet) for choice `index`."""
+        twin = copy.copy(self)
+        twin.index = index
+        return twin
 
     # `logprobs`: the tokens' entries as the worker sends them (service/events.py), or None.
     def chunk(

@@ -17,7 +17,6 @@ from service.schemas.fields import (
     Metadata,
     NonEmptyStr,
     NonNegativeInt,
-    OnlyOne,
     PositiveInt,
 )
 from service.schemas.noop_fields import NoOpFields
@@ -57,7 +56,8 @@ class SamplingRequest(StructuredFields, NoOpFields):
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     stop: Stop | None = None
     seed: Annotated[int, Field(ge=0, lt=2**63), AsInteger] | None = None
-    n: OnlyOne = 1
+    # Choices (each its own index; the bound is the max_n setting, service/prepare.py).
+    n: Annotated[int, Field(ge=1), AsInteger] = 1
     user: str | None = None
     metadata: Metadata | None = None
     service_tier: str | None = None  # "flex" → the batch priority; anything else → interactive
@@ -120,6 +120,11 @@ class SamplingRequest(StructuredFields, NoOpFields):
     def requested_logprobs(self) -> int | None:
         return self.logprobs
 
+    def check_n(self, max_n: int) -> None:
+        """`n` against the max_n setting (and, for completions, the fields it conflicts with)."""
+        if self.n > max_n:
+            raise invalid_param("n", f"n must be at most {max_n}, got {self.n}")
+
     def bias_by_id(self) -> dict[int, float] | None:
         if not self.logit_bias:
             return None
@@ -156,6 +161,7 @@ class SamplingRequest(StructuredFields, NoOpFields):
             min_p=self.min_p or 0.0,
             logit_bias=self.bias_by_id(),
             prompt_logprobs=self.engine_prompt_logprobs(),
+            n=self.n,
         )
 
 

@@ -31,7 +31,8 @@ def test_unknown_model_is_404(app_client, tenant):
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),  # above the max_n setting (16)
+        ({"n": 0}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"temperature": 3.5}, "temperature"),
         ({"top_p": 0}, "top_p"),

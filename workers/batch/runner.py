@@ -35,6 +35,7 @@ from service.queue_ownership import drop_unread_call
 from service.queued_request import QueuedRequest
 from service.redis_clients import async_redis, sync_redis
 from service.schemas.chat import ChatCompletionRequest, ChatFormatter
+from service.schemas.choices import Choices
 from service.schemas.completions import CompletionFormatter, CompletionRequest
 from service.schemas.models import ModelCard
 from service.schemas.sampling import Usage
@@ -213,7 +214,6 @@ class Runner:
             err = event_error(final)
             row.state, row.status_code, row.response = "failed", err.status, err.body()
             return
-        text = "".join(e.get("text", "") for e in events)
         model = row.body.get("model", self.model_card.id)
         if batch.endpoint == "/v1/chat/completions":
             body = ChatCompletionRequest.model_validate(row.body)  # admitted: it is valid
@@ -224,8 +224,7 @@ class Runner:
             context = ba.BatchAdmissionContext(self.settings, None, self.tokenizer, self.model_card)
             echo = completion_echo(context, body, prompt_ids(context, body)) if body.echo else None
             fmt = CompletionFormatter(row.request_id, model, echo, body.logprobs is not None)
-        logprobs = [lp for e in events for lp in fmt.event_logprobs(e) or ()] or None
-        body = fmt.response(text, final["finish_reason"], Usage.from_counts(usage), logprobs)
+        body = Choices(fmt, body.n).response(events, Usage.from_counts(usage))
         row.state, row.status_code, row.response = "done", 200, body
 
     def _drop_queued(self, session: Session, batch: Batch) -> None:

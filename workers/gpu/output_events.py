@@ -55,6 +55,10 @@ def delta_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DeltaEvent:
         event["logprobs"] = logprob_entries(delta.logprobs)
     if delta.prompt_logprobs is not None:
         event["prompt_logprobs"] = logprob_entries(delta.prompt_logprobs)
+    if f.req.sampling.n > 1:
+        event["index"] = delta.index
+        if delta.finish_reason is not None:
+            event["finish_reason"] = delta.finish_reason
     return event
 
 
@@ -62,7 +66,8 @@ def delta_event_json(worker_id: str, f: Inflight, delta: RequestDelta) -> str:
     """delta_event's JSON as service.events.encode_event writes it, formatted directly: one per
     running request per step, and json.dumps of the dict was most of the worker's round-trip
     build time (benchmarks/exchange_cost.py). Strings go through json's own escaping."""
-    if delta.logprobs or delta.prompt_logprobs is not None:  # rare: the plain encoder
+    if delta.logprobs or delta.prompt_logprobs is not None or f.req.sampling.n > 1:
+        # rare: the plain encoder
         return json.dumps(delta_event(worker_id, f, delta), separators=(",", ":"))
     tokens = ",".join(map(str, delta.new_token_ids))
     head = (
@@ -96,6 +101,8 @@ def final_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DoneEvent |
             done["logprobs"] = logprob_entries(delta.logprobs)
         if delta.prompt_logprobs is not None:
             done["prompt_logprobs"] = logprob_entries(delta.prompt_logprobs)
+        if delta.finish_reasons is not None:
+            done["index"], done["finish_reasons"] = delta.index, delta.finish_reasons
         return done
     if reason == "abort":
         event = error_event("request cancelled", "cancelled")
