@@ -344,7 +344,10 @@ class LLMEngine:
             step.sample_rows = self.overlap.sampling_rows(out)
             prev = step.feeds_from
             feed = (prev.feed_rows(), prev.launched.device_values) if prev else (None, None)
-            step.launched = self.runner.launch(out, *feed)
+            read_ahead = None
+            if OverlapSteps.has_grammar_rows(prev):
+                read_ahead = lambda: OverlapSteps.read_grammar_tokens(prev)  # noqa: E731
+            step.launched = self.runner.launch(out, *feed, before_masks=read_ahead)
         step.host_s += time.perf_counter() - t0
         return step
 

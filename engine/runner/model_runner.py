@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,12 +127,15 @@ class ModelRunner:
         out: SchedulerOutput,
         feed_rows: dict[Request, int] | None = None,
         feed_ids: torch.Tensor | None = None,
+        before_masks: Callable[[], None] | None = None,
     ) -> HostCopy:
         """Queue the step's device work (forward, sampling, the copy of the sampled ids) and
         return without waiting for it, so the caller can do host work meanwhile; collect()
         brings the result. Verify steps (speculation) still finish here. Overlapped scheduling:
         a request whose last token is PENDING_TOKEN reads it from `feed_ids` (the previous
-        step's sampled ids [rows] on the device) at its row `feed_rows[request]`."""
+        step's sampled ids [rows] on the device) at its row `feed_rows[request]`, and
+        `before_masks` runs once the forward pass is queued, before the grammar masks are
+        filled (it brings the constrained rows' last tokens to their matchers)."""
         t0 = time.perf_counter()
         packed = self.batch_builder.pack(out, feed_rows)
         if self.tp.size > 1:
@@ -160,6 +164,8 @@ class ModelRunner:
         # Before anything changes the logits in place (masks, bans): the model's own logprobs.
         logprobs = StepLogprobs.of(logits, batch.sampling_requests) if sampling else None
         # The forward pass is queued: the host fills the grammar masks while the device runs it.
+        if before_masks is not None and any(r.grammar is not None for r in batch.sampling_requests):
+            before_masks()
         masks = self._grammar_masks(batch.sampling_requests)
         if masks is not None:
             self.grammar_masks.apply(logits, masks)

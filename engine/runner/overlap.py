@@ -22,7 +22,10 @@
 #
 # Sync steps: when the next schedule needs what only N's tokens tell, N is committed first
 # (waiting for the GPU) and the step is scheduled from full knowledge. That is when scheduling
-# may preempt (needs_sync): requests finishing at N would have freed seats and memory first. A
+# may preempt (needs_sync): requests finishing at N would have freed seats and memory first.
+# Constrained requests do not sync: only N+1's sampler needs N's token (for the grammar mask),
+# so N+1's forward is queued first and the host reads N's ids while it runs
+# (read_grammar_tokens; engine/grammar_mask.py). A
 # request failed during an overlapped schedule (a prompt the whole pool cannot hold) gives
 # back its pending token like an abort. New arrivals and prompt chunks need no sampled token
 # and join overlapped steps; they are admitted one step later than the plain engine would when
@@ -77,7 +80,9 @@ class OverlapSteps:
         could preempt: the running requests' next tokens may not all fit the free blocks, or
         an interactive arrival may take a running batch request's seat or memory. The plain
         engine would first have freed the seats and blocks of requests finishing at N. Also
-        whenever a constrained request runs: its grammar mask needs its last token on the host."""
+        while a request with a penalty runs: its token counts need its last token. (A
+        constrained request's mask needs it too, but only before the sampler: the step launch
+        reads it ahead, read_grammar_tokens.)"""
         if self.unsynced is None:
             return False
         scheduler, bm = self.scheduler, self.block_manager
@@ -85,8 +90,7 @@ class OverlapSteps:
         need = 0  # blocks for every running request's pending tokens (a decode: 0 or 1)
         for r in scheduler.running:
             need += -(-r.num_tokens // bs) - len(r.block_ids)
-            if r.grammar is not None or r.params.uses_history:
-                # Its next mask (or penalty) depends on the token still on the device.
+            if r.params.uses_history:  # its penalty counts the token still on the device
                 return True
         if need > free:
             return True
@@ -167,6 +171,21 @@ class OverlapSteps:
                 bm.cache_full_blocks(request)
             deltas.append(new_tokens_delta(scheduler, request, pos))
         return deltas
+
+    @staticmethod
+    def has_grammar_rows(unsynced: Unsynced | None) -> bool:
+        return unsynced is not None and any(r.grammar is not None for r, _, _ in unsynced.pending)
+
+    @staticmethod
+    def read_grammar_tokens(unsynced: Unsynced) -> None:
+        """Before the masks of the step launched after `unsynced` are filled (its forward pass
+        already queued): wait for `unsynced`'s sampled ids and feed the constrained requests'
+        matchers their token, ahead of the commit (GrammarState.consume_ahead). The wait ends
+        when that step ends, while the device runs the next one's forward."""
+        tokens = unsynced.launched.wait()
+        for request, row, pos in unsynced.pending:
+            if request.grammar is not None and not request.is_finished:
+                request.grammar.consume_ahead(request, pos, tokens[row])
 
     def before_abort(self, request: Request) -> None:
         """An aborted request gives back the token its unsynced step is sampling: as after a

@@ -1,7 +1,10 @@
 # The step's grammar masks: the rows of constrained requests get a token bitmask filled on the
 # host (llguidance, in parallel threads, while the GPU runs the step's forward pass that was
 # queued before), copied to the device in one transfer and applied to the logits before
-# sampling: outside any captured CUDA graph, on the logits the graph produced.
+# sampling: outside any captured CUDA graph, on the logits the graph produced. The forward pass
+# never needs the mask, so overlapped scheduling does not wait for it: step N+1's forward is
+# queued with N's sampled ids fed on the device, then the host reads N's ids (ready once N ends,
+# while N+1's forward runs), advances the matchers and fills N+1's masks before its sampler.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,6 +34,16 @@ class GrammarState:
             self.matcher.consume_tokens(new)
             self.num_consumed += len(new)
 
+    def consume_ahead(self, request: Request, pos: int, token: int) -> None:
+        """Overlapped scheduling: feed the matcher the token sampled for position `pos`, read
+        from the step's host copy before that step is committed (the token there is still
+        PENDING_TOKEN): the mask of the step launched after it needs it. The commit writes the
+        same token; catch_up then finds it consumed."""
+        if pos - request.num_prompt_tokens != self.num_consumed:
+            return  # not the next output token (a resumed request catches up on its own)
+        self.matcher.consume_tokens([token])
+        self.num_consumed += 1
+
     def completed(self, request: Request) -> bool:
         """Whether the output so far leaves the grammar nothing to add but the end."""
         self.catch_up(request)
@@ -55,8 +68,9 @@ class GrammarMasks:
     def fill(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`requests` per logits row. Returns (row ids [n] int64, bitmasks [n, words] int32) on
         the device for the rows whose request has a grammar, or None when none has.
-        The host buffer is reused: every constrained step is scheduled after the previous step
-        was collected (engine/runner/overlap.py syncs for them), so its last copy has completed."""
+        The host buffer is reused: a constrained step fills it only after the previous step's
+        sampled ids reached the host (collected, or read ahead: engine/runner/overlap.py's
+        read_grammar_tokens), and that step's mask upload was queued before them: it is done."""
         rows = [i for i, r in enumerate(requests) if r.grammar is not None]
         if not rows:
             return None
@@ -65,7 +79,9 @@ class GrammarMasks:
         for slot, row in enumerate(rows):
             state = requests[row].grammar
             state.catch_up(requests[row])
-            if state.matcher.is_error():  # let it end rather than sample from an empty set
+            # An error state, or (overlapped: a request whose end is not committed yet, its
+            # row to be discarded) a stopped one: let it end rather than sample from nothing.
+            if state.matcher.is_error() or state.matcher.is_stopped():
                 words = host[slot].numpy().view(np.uint32)
                 words[:] = 0
                 for t in self.eos_token_ids:

@@ -215,3 +215,29 @@ def test_requests_without_grammar_fill_nothing():
     masks = GrammarMasks(64, torch.device("cpu"), eos_token_ids=(0,))
     r = Request("r", [1, 2], SamplingParams(), Priority.INTERACTIVE, 8)
     assert masks.fill([r, r]) is None
+
+
+def test_overlapped_constrained_steps_match_plain_without_syncing(tmp_path):
+    # Overlapped, a constrained row's mask is filled after the next forward pass is queued, from
+    # the previous step's tokens read ahead of their commit: the same tokens as the plain
+    # engine, and no step waits for the previous one to be committed first.
+    build_hf_model(tmp_path, "llama")
+    prompts, params = [], []
+    for i, schema in enumerate(SCHEMAS * 2):
+        prompts.append([5 + i, 17, 33 + i])
+        params.append(
+            SamplingParams(temperature=1.0, seed=i, max_tokens=300,
+                           structured_output=_json_schema(schema))
+        )  # fmt: skip
+    prompts.append([7, 8, 9])
+    params.append(SamplingParams(temperature=1.0, seed=99, max_tokens=40, ignore_eos=True))
+    outputs = {}
+    for overlap in (False, True):
+        llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=256,
+                  overlap_scheduling=overlap)  # fmt: skip
+        outputs[overlap] = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
+        if overlap:
+            assert llm.engine.overlap.num_synced == 0
+            assert llm.engine.overlap.num_overlapped > 20
+    assert outputs[True] == outputs[False]
+    assert all(reason == "stop" for _, reason in outputs[True][:-1])
