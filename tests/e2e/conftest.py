@@ -135,7 +135,8 @@ class Server:
         import openai
 
         kw.setdefault("timeout", 60)
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.key, max_retries=0, **kw)
+        kw.setdefault("max_retries", 0)
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.key, **kw)
 
     def workers_stats(self) -> list[dict]:
         r = httpx.get(
