@@ -33,8 +33,8 @@ class RequestDelta:
     logprobs: list[Any] | None = None
     # With its first tokens, when asked: TokenLogprob per prompt token after the first
     prompt_logprobs: list[Any] | None = None
-    # n > 1 (engine/request_group.py): the choice these tokens belong to; on the request's final
-    # delta, every choice's finish reason. A choice that ends before the others has its
+    # n > 1 (engine/core/request_group.py): the choice these tokens belong to; on the request's
+    # final delta, every choice's finish reason. A choice that ends before the others has its
     # finish_reason set on a delta that is not `finished`.
     index: int = 0
     finish_reasons: list[str | None] | None = None

@@ -62,7 +62,7 @@ class SamplingParams:
     min_p: float = 0.0
     logit_bias: dict[int, float] | None = None
     # Choices to generate from the one prompt (OpenAI's `n`): the engine runs n copies that
-    # share the prompt's KV blocks (engine/request_group.py); copy i samples with seed + i.
+    # share the prompt's KV blocks (engine/core/request_group.py); copy i samples with seed + i.
     n: int = 1
 
     def __post_init__(self) -> None:

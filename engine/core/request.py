@@ -129,7 +129,7 @@ class Request:
         # until computed); sent once, with the request's first delta that has tokens.
         self.prompt_logprobs: list[Any] | None = None
         self.prompt_logprobs_sent = False
-        # n > 1 (engine/request_group.py): the group it is a copy of, its choice index, and
+        # n > 1 (engine/core/request_group.py): the group it is a copy of, its choice index, and
         # until its admission the copy whose prompt KV blocks it forks (None: computes its own).
         self.group: Any = None
         self.choice_index = 0

@@ -25,7 +25,7 @@
 # may preempt (needs_sync): requests finishing at N would have freed seats and memory first.
 # Constrained requests do not sync: only N+1's sampler needs N's token (for the grammar mask),
 # so N+1's forward is queued first and the host reads N's ids while it runs
-# (read_grammar_tokens; engine/grammar_mask.py). A
+# (read_grammar_tokens; engine/sampling/grammar_mask.py). A
 # request failed during an overlapped schedule (a prompt the whole pool cannot hold) gives
 # back its pending token like an abort. New arrivals and prompt chunks need no sampled token
 # and join overlapped steps; they are admitted one step later than the plain engine would when

@@ -1,4 +1,4 @@
-# n > 1 (engine/request_group.py): the copies share the prompt's KV blocks (copy 0 computes the
+# n > 1 (engine/core/request_group.py): the copies share the prompt's KV blocks (copy 0 computes the
 # prompt, the others only their partial last block), sample independently (seed + index), and
 # read as one request: one id, a choice index per delta, one final delta with the group's usage.
 import pytest
