@@ -109,3 +109,31 @@ def test_completions_n_streamed_and_collected(app_client, tenant, worker):
 )
 def test_bad_n_is_400_naming_n(app_client, tenant, body, path):
     assert bad_request(app_client, tenant.key, body, path)["param"] == "n"
+
+
+def test_completions_echo_with_n_echoes_the_prompt_in_every_choice(app_client, tenant, worker):
+    # The prompt's logprobs come once, with choice 0's first delta: every choice shows them.
+    prompt_lp = [{"token": "i", "logprob": -2.0, "bytes": [105], "top_logprobs": []}]
+
+    def entry(token: str) -> dict:
+        return {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
+
+    client = sdk(app_client, tenant.key)
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(
+            lambda: client.completions.create(
+                model="tiny", prompt="hi", n=2, max_tokens=1, echo=True, logprobs=0
+            )
+        )
+        queued = worker.take(tenant)
+        worker.publish(
+            queued.request_id,
+            worker.delta("A", 1)
+            | {"index": 0, "logprobs": [entry("A")], "prompt_logprobs": prompt_lp},
+            worker.delta("B", 2) | {"index": 1, "logprobs": [entry("B")]},
+        )
+        done = worker.done("", len(queued.prompt_token_ids), 2)
+        worker.publish(queued.request_id, done | {"index": 1, "finish_reasons": ["length"] * 2})
+        out = reply.result(timeout=30)
+    assert [c.text for c in out.choices] == ["hiA", "hiB"]
+    assert [c.logprobs.tokens for c in out.choices] == [["h", "i", "A"], ["h", "i", "B"]]
