@@ -147,7 +147,9 @@ class WorkerMetrics:
         self._budget: Any = None
         self._totals = _EngineTotals(model_name)
         r.register(self._totals)
-        self._last_token: dict[str, float] = {}  # request id → time of its latest token
+        # (request id, choice index) → time of its latest token: each of n choices has its own
+        # inter-token latency
+        self._last_token: dict[tuple[str, int], float] = {}
         self._last_snapshot = 0.0
         self._busy_since_snapshot = 0.0
 
@@ -170,12 +172,13 @@ class WorkerMetrics:
             n = len(d.new_token_ids)
             generated += n
             if n:
-                last = last_token.get(d.request_id)
+                key = (d.request_id, d.index)
+                last = last_token.get(key)
                 if last is not None:
                     itl.append((now - last) / n)
-                elif d.first_token_time is not None:
+                elif d.first_token_time is not None and d.index == 0:
                     ttft.append(max(0.0, d.first_token_time - d.arrival_time))
-                last_token[d.request_id] = now
+                last_token[key] = now
             if d.finished:
                 self._on_finished(d, now)
         self.itl.observe_many(itl)
@@ -184,7 +187,7 @@ class WorkerMetrics:
             self.generation_tokens.inc(generated)
 
     def _on_finished(self, d: Any, now: float) -> None:
-        self._last_token.pop(d.request_id, None)
+        self.forget(d.request_id, len(d.finish_reasons or ()) or 1)
         self.prompt_tokens.inc(d.usage.prompt_tokens)
         self.success.labels(self.model_name, d.finish_reason or "error").inc()
         self.e2e.observe(max(0.0, (d.finish_time or now) - d.arrival_time))
@@ -196,8 +199,9 @@ class WorkerMetrics:
         """The turn's intake budget (workers/gpu/intake_budget.py); gauges set at snapshot time."""
         self._budget = budget
 
-    def forget(self, request_id: str) -> None:
-        self._last_token.pop(request_id, None)
+    def forget(self, request_id: str, n: int = 1) -> None:
+        for index in range(n):
+            self._last_token.pop((request_id, index), None)
 
     # -- export --------------------------------------------------------------------------
 

@@ -148,7 +148,7 @@ class RequestEnds:
                 del self.inflight[f.request_id]
         for f in unstarted:
             self._abort(f.request_id)
-            self.metrics.forget(f.request_id)
+            self.metrics.forget(f.request_id, f.req.sampling.n)
         self.outbox.requeues += unstarted
         return len(unstarted)
 

@@ -250,7 +250,7 @@ class RoundTrip:
         for f, record in exchange.written.finished:
             with self.lock:
                 self.inflight.pop(f.request_id, None)
-            self.metrics.forget(f.request_id)
+            self.metrics.forget(f.request_id, f.req.sampling.n)
             completion = record.counts["completion_tokens"]
             if record.status in ("completed", "length"):
                 self.load.on_finished(completion, record.counts["prompt_tokens"])
@@ -316,7 +316,7 @@ class RoundTrip:
                 del self.inflight[f.request_id]
         for f in gone:
             self.engine.abort(f.request_id)
-            self.metrics.forget(f.request_id)
+            self.metrics.forget(f.request_id, f.req.sampling.n)
             log.warning("request %s was taken over by another worker", f.request_id)
         self.outbox.drop({f.request_id for f in gone})
 
