@@ -1,10 +1,13 @@
 # n > 1 (engine/core/request_group.py): the copies share the prompt's KV blocks (copy 0 computes the
 # prompt, the others only their partial last block), sample independently (seed + index), and
 # read as one request: one id, a choice index per delta, one final delta with the group's usage.
+import re
+
 import pytest
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.config import EngineConfig
+from engine.sampling_params import StructuredOutput
 from tests.hf_models import build_hf_model
 
 BLOCK = 16
@@ -131,3 +134,17 @@ def test_overlapped_engine_gives_the_same_choices(model_dir):
     overlapped, prompt = _run(_engine(model_dir, overlap_scheduling=True), {"r": params})
     assert _choices(overlapped, "r", 3) == _choices(plain, "r", 3)
     assert prompt == plain_prompt == len(PROMPT) + 2 * (len(PROMPT) - 3 * BLOCK)
+
+
+def test_constrained_copies_each_follow_the_grammar():
+    # Each copy has its own matcher: every choice matches, and seeded copies differ.
+    with LLM("tiny", device="cpu", num_kv_blocks=64) as llm:
+        params = SamplingParams(
+            temperature=1.0, seed=2, max_tokens=40, n=4,
+            structured_output=StructuredOutput("regex", r"[a-z]{3}-[0-9]{2}"),
+        )  # fmt: skip
+        (out,) = llm.generate([[65, 66, 67] * 7], params)
+    texts = [c.text for c in out.choices]
+    assert all(re.fullmatch(r"[a-z]{3}-[0-9]{2}", t) for t in texts), texts
+    assert len(set(texts)) > 1
+    assert [c.finish_reason for c in out.choices] == ["stop"] * 4
