@@ -139,6 +139,34 @@ def test_a_dead_workers_entries_are_rerun_or_resumed(gpu_worker, rds):
     wait_until(lambda: rds.xlen(queue) == 0, 10, "the reclaimed entries to leave the queue")
 
 
+def test_a_dead_workers_n_request_that_streamed_ends_billed_and_one_that_did_not_reruns(
+    gpu_worker, rds
+):
+    # n > 1 is not resumed (its stream interleaves the choices): once it streamed, the taking
+    # worker ends it with worker_lost, billed what was delivered; unstarted, it runs again.
+    queue = p.queue_key("interactive")
+    streamed, unstarted = queued_request(max_tokens=4, n=2), queued_request(max_tokens=4, n=2)
+    first = {"type": "delta", "text": "ab", "worker": "w-dead", "completion_tokens": 3}
+    first |= {"token_ids": [7, 8, 9], "cached_tokens": 0, "index": 0}
+    pipe = rds.pipeline(transaction=True)
+    for queued in (streamed, unstarted):
+        pipe.xadd(queue, {"r": queued.encode()})
+    pipe.xreadgroup(p.GROUP, "w-dead", {queue: ">"}, count=2)
+    pipe.execute()
+    rds.xadd(p.output_key(streamed.request_id), encode_event(first))
+
+    ended = events(rds, streamed.request_id)[-1]
+    assert ended["type"] == "error" and ended["code"] == "worker_lost"
+    record = usage_record(rds, streamed.request_id)
+    assert record.counts["completion_tokens"] == 3
+    assert len(records_of(rds, streamed.request_id)) == 1
+
+    done = events(rds, unstarted.request_id)[-1]
+    assert done["type"] == "done" and done["finish_reasons"] == ["length", "length"]
+    assert usage_record(rds, unstarted.request_id).counts["completion_tokens"] == 8
+    wait_until(lambda: rds.xlen(queue) == 0, 10, "the reclaimed entries to leave the queue")
+
+
 @pytest.mark.parametrize(
     "raw", ["not json", '{"request_id": "x"}', "[1, 2]", '{"sampling": 3}'], ids=str
 )
