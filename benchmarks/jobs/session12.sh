@@ -7,10 +7,11 @@
 #      of issue 35 and, at 3 req/s (≈ 2× the forecast goodput), the overload run of issue 36;
 #   3. the 70B FP8 decode step kernel by kernel with the activation quantization fused into
 #      rms_norm / silu_mul and without (--unfused-fp8-quant), 64 rows at 2k context;
-#   4. the 8B bf16 served at 24 req/s (2× its measured goodput), 120 s, the same admission bound:
+#   4. structured outputs on the 8B, 64 streams with and without a JSON schema;
+#   5. the 8B bf16 served at 24 req/s (2× its measured goodput), 120 s, the same admission bound:
 #      issue 36's other overload run;
-#   5. every kernel test compiled on the GPU.
-# $SKIP: parts to leave out by name (tests serve70 fused serve8 kernels).
+#   6. every kernel test compiled on the GPU.
+# $SKIP: parts to leave out by name (tests serve70 fused structured serve8 kernels).
 . benchmarks/jobs/common.sh
 want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 nvidia-smi -L
@@ -36,6 +37,12 @@ if want fused; then  # the FP8 activation quantization fused into rms_norm / sil
       > "$R/decode_breakdown_70b_fp8_$mode.log" 2>&1
     stamp "breakdown $mode rc=$?"; grep -E "decode B=|ms  x" "$R/decode_breakdown_70b_fp8_$mode.log" | head -12
   done
+fi
+if want structured; then  # issue 38: TPOT with a JSON schema against without, overlapped
+  PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m benchmarks.structured_output \
+    --model llama-3.1-8b --streams 64 --max-tokens 256 --json "$R/structured_output_8b.json" \
+    > "$R/structured_output_8b.log" 2>&1
+  stamp "structured rc=$?"; tail -12 "$R/structured_output_8b.log"
 fi
 if want serve8; then
   OUT=$R/serve8 benchmarks/device_serve.sh --launch --model llama-3.1-8b \
