@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
+from service.schemas.fields import CHECKED
 from service.settings import Settings
 
 
@@ -121,6 +122,7 @@ def _configured(document: dict[str, Any], settings: Settings) -> dict[str, Any]:
         if name.startswith("Body_upload_file"):
             schema["properties"]["file"] |= {
                 "minLength": 1,
+                CHECKED: "JSONL batch input lines.",
                 "description": "JSONL in the OpenAI Batch input format, at least one request "
                 "line (an empty or malformed file is refused with 400 invalid_batch_file).",
             }

@@ -8,14 +8,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.pages import ListPage
 from metering.batch_models import Batch
-from service.schemas.fields import Metadata
+from service.schemas.fields import Metadata, checked
 
 
 class CreateBatch(BaseModel):
     model_config = ConfigDict(strict=True)
 
-    input_file_id: str = Field(
-        min_length=1, max_length=64, description="A file uploaded with purpose batch."
+    input_file_id: str = checked(
+        "A batch file this tenant uploaded.",
+        ...,
+        min_length=1,
+        max_length=64,
+        description="A file uploaded with purpose batch.",
     )
     endpoint: Literal["/v1/chat/completions", "/v1/completions"]
     completion_window: str = Field(

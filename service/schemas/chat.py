@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import invalid_param
-from service.schemas.fields import AsInteger, PositiveInt
+from service.schemas.fields import AsInteger, PositiveInt, checked
 from service.schemas.formatter import Formatter, created_now
 from service.schemas.noop_fields import ChatNoOpFields
 from service.schemas.sampling import MAX_LOGPROBS, SamplingRequest, Usage
@@ -43,13 +43,21 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingRequest, ChatNoOpFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = checked(
+        "The rendered prompt fits the model's context.", ..., min_length=1
+    )
     max_completion_tokens: PositiveInt | None = None
     tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None  # none: "auto" with tools, else "none"
+    # none: "auto" with tools, else "none"
+    tool_choice: ToolChoice | None = checked(
+        "`auto`, `required` and a named function need `tools` (a named one must be among "
+        "them); `required` and a named function take no other output constraint."
+    )
     parallel_tool_calls: bool | None = None  # false: `required` makes exactly one call
     logprobs: bool | None = None  # type: ignore[assignment]  # chat: on/off, with top_logprobs
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), AsInteger] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), AsInteger] | None = checked(
+        "Above 0 only with `logprobs: true`."
+    )
 
     def requested_logprobs(self) -> int | None:
         if not self.logprobs:

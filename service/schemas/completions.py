@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, field_validator
 
 from service.errors import invalid_param
-from service.schemas.fields import NonEmptyStr, NonNegativeInt, OnlyOne
+from service.schemas.fields import NonEmptyStr, NonNegativeInt, OnlyOne, checked
 from service.schemas.formatter import Formatter, created_now
 from service.schemas.sampling import SamplingRequest, Usage
 
@@ -22,9 +22,13 @@ Prompt = (
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: Prompt
+    prompt: Prompt = checked(
+        "Token ids of the model's vocabulary; the prompt's tokens and max_tokens fit the "
+        "model's context.",
+        ...,
+    )
     # The legacy endpoint's default is 16; 0 (with echo) scores the prompt and generates nothing.
-    max_tokens: NonNegativeInt | None = 16
+    max_tokens: NonNegativeInt | None = checked("0 only with `echo: true`.", 16)
     # A strict bool (0 is not false, as 1 is not true): the prompt's text (and with logprobs its
     # tokens' logprobs) comes first.
     echo: StrictBool = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, StringConstraints
+from pydantic import BeforeValidator, Field, StringConstraints, WithJsonSchema
 
 from metering.text_rules import NO_NUL_PATTERN
 
@@ -33,13 +33,42 @@ MetadataKey = Annotated[
 MetadataValue = Annotated[
     str, StringConstraints(max_length=METADATA_VALUE_MAX_CHARS, pattern=NO_NUL_PATTERN)
 ]
+METADATA_RULE = (
+    f"Up to {METADATA_MAX_PAIRS} key-value pairs: keys up to {METADATA_KEY_MAX_CHARS} "
+    f"characters, values up to {METADATA_VALUE_MAX_CHARS}."
+)
 Metadata = Annotated[
     dict[MetadataKey, MetadataValue],
-    Field(
-        max_length=METADATA_MAX_PAIRS,
-        description=(
-            f"Up to {METADATA_MAX_PAIRS} key-value pairs: keys up to {METADATA_KEY_MAX_CHARS} "
-            f"characters, values up to {METADATA_VALUE_MAX_CHARS}."
-        ),
+    Field(max_length=METADATA_MAX_PAIRS),
+    # Stated by hand: pydantic writes a key pattern as patternProperties, which leaves a key
+    # that does not match it (one with a NUL) free to hold any value.
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": METADATA_MAX_PAIRS,
+            "propertyNames": {
+                "minLength": 1,
+                "maxLength": METADATA_KEY_MAX_CHARS,
+                "pattern": NO_NUL_PATTERN,
+            },
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": METADATA_VALUE_MAX_CHARS,
+                "pattern": NO_NUL_PATTERN,
+            },
+            "description": METADATA_RULE,
+        }
     ),
 ]
+
+
+# Some fields are checked beyond what JSON Schema can say: against another field, the model
+# (its vocabulary, its context) or stored objects, or compiled (a grammar). The OpenAPI document
+# marks each with `x-checked`, the rule that a 400 naming the field enforces; every other
+# schema-valid value is accepted.
+CHECKED = "x-checked"
+
+
+def checked(rule: str, default: Any = None, **kwargs: Any) -> Any:
+    """A field's default, with the rule the server checks beyond the field's type."""
+    return Field(default, json_schema_extra={CHECKED: rule}, **kwargs)

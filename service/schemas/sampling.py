@@ -4,7 +4,7 @@
 # Types are strict where OpenAI's API is: "8" or true is not a max_tokens, "yes" not a stream.
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -18,6 +18,7 @@ from service.schemas.fields import (
     NonEmptyStr,
     NonNegativeInt,
     PositiveInt,
+    checked,
 )
 from service.schemas.noop_fields import NoOpFields
 from service.schemas.structured import StructuredFields
@@ -35,12 +36,13 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False  # a last chunk with the usage and no choices
     continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
-    include_obfuscation: bool = False  # OpenAI's padding field, never added here
+    # OpenAI's padding field, never added here: only false (the type says so).
+    include_obfuscation: Literal[False] = False
 
-    @field_validator("include_obfuscation")
+    @field_validator("include_obfuscation", mode="before")
     @classmethod
-    def _obfuscation(cls, v: bool) -> bool:
-        if v:
+    def _obfuscation(cls, v: Any) -> Any:
+        if v is not False:
             raise ValueError("include_obfuscation is not supported; omit it or send false")
         return v
 
@@ -50,7 +52,7 @@ class SamplingRequest(StructuredFields, NoOpFields):
 
     model: str
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None = checked("Only with `stream: true`.")
     max_tokens: PositiveInt | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
@@ -65,7 +67,7 @@ class SamplingRequest(StructuredFields, NoOpFields):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
     # token id (as a string, OpenAI's form) -> bias added to its logit
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] | None = (
-        None
+        checked("Keys are token ids of the model's vocabulary.")
     )
     # Completions: how many top logprobs per token (0: the sampled token's alone); chat
     # overrides it with a bool and `top_logprobs`.
@@ -76,9 +78,11 @@ class SamplingRequest(StructuredFields, NoOpFields):
     )
     min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, allow_inf_nan=False)
-    min_tokens: NonNegativeInt = 0
+    min_tokens: NonNegativeInt = checked(
+        "At most max_tokens, and at most what the model's context leaves after the prompt.", 0
+    )
     ignore_eos: bool = False
-    stop_token_ids: list[NonNegativeInt] | None = None
+    stop_token_ids: list[NonNegativeInt] | None = checked("Token ids of the model's vocabulary.")
     skip_special_tokens: bool = True  # False: special tokens (the template's) appear in the text
     include_stop_str_in_output: bool = False  # True: the text ends with the stop string matched
     # Only slow (Python) tokenizers put spaces between special tokens; fleetlm's tokenizer is a

@@ -11,11 +11,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from service.errors import invalid_param
-from service.schemas.fields import NonEmptyStr
+from service.schemas.fields import NonEmptyStr, checked
 
 # OpenAI's rule for a json_schema's name.
 SchemaName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-JsonSchema = dict[str, Any] | bool
+# An object: the grammar engine takes no boolean schema (true/false) as a whole schema.
+JsonSchema = dict[str, Any]
+COMPILED = (
+    "Compiled by the grammar engine: a schema, regex or grammar it cannot compile is refused, "
+    "and at most one of response_format, structured_outputs and the guided_* fields may ask "
+    "for a constraint."
+)
 
 
 class JsonSchemaFormat(BaseModel):
@@ -61,18 +67,20 @@ def _schema_text(schema: Any, param: str) -> str:
             schema = json.loads(schema)
         except ValueError:
             raise invalid_param(param, f"{param}: the schema is not valid JSON") from None
-    if not isinstance(schema, dict | bool):
-        raise invalid_param(param, f"{param}: a JSON schema is an object or a boolean")
+    if not isinstance(schema, dict):
+        raise invalid_param(param, f"{param}: a JSON schema is an object")
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
 
 
 class StructuredFields(BaseModel):
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
-    guided_json: JsonSchema | str | None = None
-    guided_regex: NonEmptyStr | None = None
-    guided_choice: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
-    guided_grammar: NonEmptyStr | None = None
+    response_format: ResponseFormat | None = checked(
+        f"type json_schema needs json_schema.schema. {COMPILED}"
+    )
+    structured_outputs: StructuredOutputs | None = checked(f"Exactly one field. {COMPILED}")
+    guided_json: JsonSchema | str | None = checked(f"A schema, or its JSON text. {COMPILED}")
+    guided_regex: NonEmptyStr | None = checked(COMPILED)
+    guided_choice: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = checked(COMPILED)
+    guided_grammar: NonEmptyStr | None = checked(COMPILED)
     # Hints that change nothing here: one grammar engine (llguidance) serves every request.
     guided_decoding_backend: str | None = None
 

@@ -47,3 +47,38 @@ def test_the_document_says_an_upload_is_a_non_empty_batch_file(app_client, tenan
         "/v1/files", headers=auth(tenant.key), files=files, data={"purpose": "batch"}
     )
     assert empty.status_code == 400 and empty.json()["error"]["code"] == "invalid_batch_file"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("store", 0), ("echo", 0), ("use_beam_search", 0), ("prompt_logprobs", False)],
+)
+def test_a_no_op_field_takes_its_json_type_only(app_client, tenant, field, value):
+    # 0 == False in Python; in JSON a boolean is not a number, as the document's const says.
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], field: value}
+    refused = app_client.post("/v1/chat/completions", headers=auth(tenant.key), json=body)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == field
+    document = app_client.get("/openapi.json").json()
+    prop = document["components"]["schemas"]["ChatCompletionRequest"]["properties"][field]
+    assert {"type": "null"} in prop["anyOf"] and len(prop["anyOf"]) == 2, prop
+
+
+@pytest.mark.parametrize("start", ["0.0", "1700000000", "2026-05-01T00:00:00"])
+def test_a_usage_day_is_written_as_a_date(app_client, tenant, start):
+    r = app_client.get("/v1/usage", headers=auth(tenant.key), params={"start": start})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "start"
+
+
+def test_the_document_marks_the_rules_json_schema_cannot_state(app_client):
+    schemas = app_client.get("/openapi.json").json()["components"]["schemas"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    for field in ("messages", "stop_token_ids", "logit_bias", "guided_regex", "tool_choice"):
+        assert chat[field]["x-checked"], field
+    assert "x-checked" not in chat["temperature"]  # its bounds are the schema's own
+    assert schemas["CreateBatch"]["properties"]["input_file_id"]["x-checked"]
+    options = schemas["StreamOptions"]["properties"]["include_obfuscation"]
+    assert options["const"] is False
+    metadata = schemas["CreateBatch"]["properties"]["metadata"]["anyOf"][0]
+    assert metadata["additionalProperties"]["type"] == "string"  # every key's value, NUL or not

@@ -1,7 +1,11 @@
 # Schemathesis over the app's own /openapi.json, in process (ASGI), with a tenant key: generated
-# requests, valid and invalid, for every operation; zero 5xx and zero responses that the document
-# does not describe (status, media type, body, headers). A bounded number of examples per
-# operation and a fixed seed keep it fast and repeatable. The test plays the worker for its
+# requests, valid and invalid, for every operation, under every check schemathesis has (its
+# `--checks all`): zero 5xx, zero responses that the document does not describe (status, media
+# type, body, headers, a 405's Allow), every schema-invalid request refused with a 4xx and every
+# schema-valid one accepted. The one allowance: a 400 naming a field that the document marks
+# `x-checked` (service/schemas/fields.py: a rule JSON Schema cannot state, such as "a token id of
+# the model's vocabulary" or "a regex the grammar engine compiles"). A fixed number of examples
+# per operation and a fixed seed keep it short and repeatable. The test plays the worker for its
 # tenant's generations (answers each at once), so a valid generation ends in a 200.
 from __future__ import annotations
 
@@ -16,14 +20,8 @@ import pytest
 import redis
 import schemathesis
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
 from schemathesis.python.asgi import shutdown_lifespans
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from schemathesis.specs.openapi.checks import RejectedPositiveData, positive_data_acceptance
 
 from api.main import create_app
 from metering.batches import create_batch
@@ -34,18 +32,51 @@ from metering.tenants import create_tenant
 from service import streams as p
 from service.events import encode_event
 from service.queued_request import QueuedRequest
+from service.schemas.fields import CHECKED
 from tests.api.conftest import SETTINGS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(120)  # per operation and mode; about 5-15 s on a busy machine
 
-MAX_EXAMPLES = 100  # per operation and generation mode
+MAX_EXAMPLES = 50  # per operation and generation mode
 SEED = 18
+# Postgres may take seconds to answer on a busy machine: an outage's 503 is the fault tests'
+# subject (tests/faults/test_postgres_outage.py), not this one's.
+FUZZ_SETTINGS = SETTINGS.model_copy(update={"database_timeout_s": 60.0})
+
+
+def positive_data_accepted_as_documented(ctx, response, case) -> bool | None:
+    """schemathesis's positive_data_acceptance, but for a 400 (OpenAI-shaped) that names a
+    field whose rule the document states in `x-checked`."""
+    try:
+        return positive_data_acceptance(ctx, response, case)
+    except RejectedPositiveData:
+        if response.status_code == 400 and error_param(response) in checked_fields(case):
+            return None
+        raise
+
+
+def error_param(response) -> str | None:
+    body = json.loads(response.content)
+    param = body["error"]["param"]  # the error body's shape is checked by the other checks
+    return param.split(".")[0] if param else None
+
+
+def checked_fields(case: schemathesis.Case) -> set[str]:
+    """The request body's top-level fields that the document marks x-checked."""
+    document = case.operation.schema.raw_schema
+    content = case.operation.definition.raw.get("requestBody", {}).get("content", {})
+    found = set()
+    for media in content.values():
+        ref = media.get("schema", {}).get("$ref", "")
+        schema = document["components"]["schemas"].get(ref.rsplit("/", 1)[-1], {})
+        found |= {n for n, p in schema.get("properties", {}).items() if CHECKED in p}
+    return found
+
+
+# Every check schemathesis has, positive_data_acceptance as above.
 CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-    response_headers_conformance,
+    positive_data_accepted_as_documented if check is positive_data_acceptance else check
+    for check in schemathesis.checks.CHECKS.get_all()
 ]
 
 
@@ -122,7 +153,7 @@ def fuzzer(sessions) -> Fuzzer:
 @pytest.fixture(scope="module")
 def api_schema(services, fuzzer) -> Iterator[schemathesis.BaseSchema]:
     rds = redis.Redis.from_url(services.redis_url, decode_responses=True)
-    app = create_app(SETTINGS, services.redis_url, services.database_url)
+    app = create_app(FUZZ_SETTINGS, services.redis_url, services.database_url)
     with EchoWorker(rds, fuzzer.tenant_id):
         yield schemathesis.openapi.from_asgi("/openapi.json", app)
         shutdown_lifespans()  # the app's Redis and Postgres pools, before the services stop
