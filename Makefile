@@ -28,7 +28,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 test: $(STAMP) lint
-	TRITON_INTERPRET=1 $(BIN)/pytest -q
+	TRITON_INTERPRET=1 $(BIN)/pytest -q --durations=20
 
 # Everything on this machine: embedded Redis + Postgres, the API and one worker per GPU.
 serve: $(STAMP)
