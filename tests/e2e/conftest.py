@@ -227,3 +227,16 @@ def server(tmp_path_factory):
     yield srv
     rc = srv.stop()
     assert rc == 0, f"fleetlm serve exited {rc} on SIGTERM:\n{srv.log()}"
+
+
+@pytest.fixture(scope="package")
+def shipped_server(tmp_path_factory):
+    """One `fleetlm serve` of the shipped chat model (text a real model writes), shared by the
+    package's tests that need one (structured outputs, vLLM extras, logprobs): starting one
+    takes 20-40 s on a busy 2-core machine. float32, as HF parity compares (CPU's "auto")."""
+    model = str(ROOT / "models" / "fleetlm-tiny-chat")
+    env = {"FLEETLM_MODEL": model, "FLEETLM_DTYPE": "float32"}
+    srv = start_server(tmp_path_factory.mktemp("shipped") / "data", workers=None, env=env)
+    yield srv
+    rc = srv.stop()
+    assert rc == 0, f"fleetlm serve exited {rc} on SIGTERM:\n{srv.log()}"

@@ -43,20 +43,6 @@ def test_completions_logprobs(server):
     assert all(len(top) <= 2 for top in lp.top_logprobs)
 
 
-@pytest.fixture(scope="module")
-def shipped_server(tmp_path_factory):
-    from tests.e2e.conftest import ROOT, start_server
-
-    model = str(ROOT / "models" / "fleetlm-tiny-chat")
-    srv = start_server(
-        tmp_path_factory.mktemp("logprobs") / "data",
-        workers=None,
-        env={"FLEETLM_MODEL": model, "FLEETLM_DTYPE": "float32"},
-    )
-    yield srv
-    assert srv.stop() == 0, srv.log()
-
-
 def test_echo_prompt_logprobs_match_hf(shipped_server):
     transformers = pytest.importorskip("transformers")
     import torch

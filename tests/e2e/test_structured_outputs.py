@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import pytest
 
-from tests.e2e.conftest import ROOT, start_server
 from tests.e2e.structured_schemas import MAX_TOKENS, SMALL_SCHEMAS
 from tests.engine.test_structured_output import SCHEMAS
 
@@ -21,16 +20,6 @@ NUM_REQUESTS = 200  # issue 38's count; small bounded schemas keep it to a minut
 # Clients at once: more than the engine batches well on two cores trips the API's load
 # shedding (a 503 with Retry-After, which the SDK retries, as a real client would).
 CONCURRENCY = 32
-
-
-@pytest.fixture(scope="module")
-def shipped_server(tmp_path_factory):
-    model = str(ROOT / "models" / "fleetlm-tiny-chat")
-    srv = start_server(
-        tmp_path_factory.mktemp("structured") / "data", workers=None, env={"FLEETLM_MODEL": model}
-    )
-    yield srv
-    assert srv.stop() == 0, srv.log()
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ from itertools import pairwise
 import openai
 import pytest
 
-from tests.e2e.conftest import ROOT, start_server
-
 pytestmark = pytest.mark.timeout(120)
 
 MODEL = "fleetlm-tiny-chat"
@@ -23,16 +21,6 @@ GREEDY = {
 }
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    model = str(ROOT / "models" / MODEL)
-    srv = start_server(
-        tmp_path_factory.mktemp("extras") / "data", workers=None, env={"FLEETLM_MODEL": model}
-    )
-    yield srv
-    assert srv.stop() == 0, srv.log()
-
-
 def _text(server, **extra) -> tuple[str, int]:
     out = server.openai().chat.completions.create(
         **GREEDY, extra_body={"ignore_eos": True, **extra}
@@ -40,9 +28,9 @@ def _text(server, **extra) -> tuple[str, int]:
     return out.choices[0].message.content, out.usage.completion_tokens
 
 
-def test_skip_special_tokens_false_keeps_the_specials_in_the_text(server):
-    skipped, n = _text(server)
-    kept, n_kept = _text(server, skip_special_tokens=False)
+def test_skip_special_tokens_false_keeps_the_specials_in_the_text(shipped_server):
+    skipped, n = _text(shipped_server)
+    kept, n_kept = _text(shipped_server, skip_special_tokens=False)
     assert n == n_kept == 60  # the same tokens either way
     assert "<|im_end|>" in kept
     assert not any(s in skipped for s in SPECIALS)
@@ -51,8 +39,8 @@ def test_skip_special_tokens_false_keeps_the_specials_in_the_text(server):
     assert kept == skipped
 
 
-def test_include_stop_str_in_output_ends_the_text_with_the_stop_string(server):
-    full, _ = _text(server)
+def test_include_stop_str_in_output_ends_the_text_with_the_stop_string(shipped_server):
+    full, _ = _text(shipped_server)
     # A stop string of plain characters that first occurs some way into the text.
     at = next(
         i
@@ -60,15 +48,15 @@ def test_include_stop_str_in_output_ends_the_text_with_the_stop_string(server):
         if full[i : i + 3].isalnum() and full.index(full[i : i + 3]) == i
     )
     stop = full[at : at + 3]
-    without, _ = _text(server, stop=[stop])
-    with_stop, _ = _text(server, stop=[stop], include_stop_str_in_output=True)
+    without, _ = _text(shipped_server, stop=[stop])
+    with_stop, _ = _text(shipped_server, stop=[stop], include_stop_str_in_output=True)
     assert without == full[:at]
     assert with_stop == full[: at + 3]
 
 
-def test_per_chunk_usage_counts_up_to_the_final_usage(server):
+def test_per_chunk_usage_counts_up_to_the_final_usage(shipped_server):
     chunks = list(
-        server.openai().chat.completions.create(
+        shipped_server.openai().chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "count with me"}],
             max_tokens=24,
@@ -87,9 +75,9 @@ def test_per_chunk_usage_counts_up_to_the_final_usage(server):
     assert content[-1].choices[0].finish_reason == "length"
 
 
-def test_an_extra_the_server_cannot_honour_is_a_400(server):
+def test_an_extra_the_server_cannot_honour_is_a_400(shipped_server):
     with pytest.raises(openai.BadRequestError) as exc:
-        server.openai().chat.completions.create(
+        shipped_server.openai().chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "hi"}],
             extra_body={"use_beam_search": True},  # (guided_choice is honoured since issue 38)
