@@ -156,19 +156,33 @@ def test_answers_in_words(llm, prompts):
     assert sum(out.finish_reason == "stop" for out in greedy) >= len(greedy) - 1
 
 
-def _smoke(out: Path, seed: int = 0) -> dict:
+def _start_smoke(out: Path, seed: int = 0) -> subprocess.Popen:
     cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(out), "--seed", str(seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+
+
+def _smoke_log(proc: subprocess.Popen, out: Path) -> dict:
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
     return json.loads((out / "training_log.json").read_text())
 
 
 @pytest.mark.slow
 def test_training_script_smoke_run_learns_and_is_deterministic(tmp_path):
-    first = _smoke(tmp_path / "a")
+    # The two runs at once: each trains on one thread (--threads 1), so on two cores they take
+    # the time of one, and neither can see the other's files.
+    runs = {name: _start_smoke(tmp_path / name) for name in ("a", "b")}
+    try:
+        first, second = (_smoke_log(proc, tmp_path / name) for name, proc in runs.items())
+    finally:
+        for proc in runs.values():  # one failed: the other is not left running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert first["steps"] == 20
     assert first["final_loss"] < first["initial_loss"] - 0.5, first["losses"]
-    second = _smoke(tmp_path / "b")
     assert second["losses"] == first["losses"]
     for name in ("model.safetensors", "tokenizer.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
