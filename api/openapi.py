@@ -118,6 +118,7 @@ def _configured(document: dict[str, Any], settings: Settings) -> dict[str, Any]:
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         if name in schemas:
             schemas[name]["properties"]["model"]["enum"] = [settings.model_name]
+            schemas[name]["properties"]["n"]["maximum"] = settings.max_n
     for name, schema in schemas.items():  # an upload: a batch input file, never empty
         if name.startswith("Body_upload_file"):
             schema["properties"]["file"] |= {

@@ -59,7 +59,11 @@ class SamplingRequest(StructuredFields, NoOpFields):
     stop: Stop | None = None
     seed: Annotated[int, Field(ge=0, lt=2**63), AsInteger] | None = None
     # Choices (each its own index; the bound is the max_n setting, service/prepare.py).
-    n: Annotated[int, Field(ge=1), AsInteger] = 1
+    n: Annotated[int, Field(ge=1), AsInteger] = checked(
+        "At most the max_n setting (the document's maximum); completions: not above best_of, "
+        "and above 1 only with max_tokens of at least 1.",
+        1,
+    )
     user: str | None = None
     metadata: Metadata | None = None
     service_tier: str | None = None  # "flex" → the batch priority; anything else → interactive
