@@ -115,9 +115,8 @@ class Load:
 
 
 class LoadShedder:
-    def __init__(self, settings: Settings, max_model_len: int) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.max_model_len = max_model_len
         self._load: Load | None = None
         self._read_at = 0.0
         self._lock = asyncio.Lock()
@@ -141,7 +140,7 @@ class LoadShedder:
         """Sets the request's queued tokens; raises 503 when its predicted time to first token
         is over its priority's bound."""
         load = await self.load(redis)
-        queued.queued_tokens = queued_tokens(queued, self.max_model_len, load.mean_output_tokens)
+        queued.queued_tokens = queued_tokens(queued, load.mean_output_tokens)
         bound = (
             self.settings.batch_max_queue_wait_s
             if queued.priority == "batch"

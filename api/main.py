@@ -67,7 +67,7 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
                 retry_after_s=settings.unavailable_retry_after_s,
                 revoked=revoked,
             ),
-            shedder=LoadShedder(settings, max_model_len),
+            shedder=LoadShedder(settings),
             tokenizer=Tokenizer.for_model(settings.model),
             model_card=ModelCard(
                 id=settings.model_name,

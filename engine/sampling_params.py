@@ -5,6 +5,14 @@ from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
 
+
+def resolve_max_tokens(max_tokens: int | None, num_prompt: int, max_model_len: int) -> int:
+    """The one reading of "max_tokens None: the rest of the context". Applied once, where a
+    request is built (service/prepare.py for the API and batch lines, the engine's intake for
+    offline callers); everything after carries the integer."""
+    return max_model_len - num_prompt if max_tokens is None else max_tokens
+
+
 # What a constrained request's output must match (engine/grammar.py compiles it):
 #   "json_schema": spec is a JSON schema (its JSON text); "json_object": any JSON object (spec "");
 #   "regex": a regular expression; "choice": one of the strings of a JSON list;
@@ -30,7 +38,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1 → disabled
     seed: int | None = None
-    max_tokens: int | None = 16  # None → up to the model's context length
+    max_tokens: int | None = 16  # None → up to the model's context (resolve_max_tokens)
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)

@@ -33,13 +33,12 @@ DEFAULT_OUTPUT_TOKENS = 256.0
 DEFAULT_PROMPT_TOKENS = 256.0  # ... and its prompt, for the work and KV of the mean request
 
 
-def queued_tokens(queued: QueuedRequest, max_model_len: int, mean_output: float | None) -> int:
+def queued_tokens(queued: QueuedRequest, mean_output: float | None) -> int:
     """The work a request adds to its queue, in tokens: its prompt and its expected output (the
     fleet's mean output, or max_tokens when that is smaller)."""
-    num_prompt = len(queued.prompt_token_ids)
-    max_tokens = queued.sampling.max_tokens or max(max_model_len - num_prompt, 1)
     expected = DEFAULT_OUTPUT_TOKENS if mean_output is None else mean_output
-    return num_prompt + min(max_tokens, math.ceil(expected)) * queued.sampling.n
+    num_prompt = len(queued.prompt_token_ids)
+    return num_prompt + min(queued.sampling.max_tokens, math.ceil(expected)) * queued.sampling.n
 
 
 def enqueued_key(request_id: str) -> str:

@@ -44,12 +44,9 @@ def _headers(limit: PriorityLimit, d: rl.Decision, retry_s: int) -> dict[str, st
     return headers
 
 
-def reserved_tokens(state: AdmissionContext, queued: QueuedRequest) -> int:
-    num_prompt = len(queued.prompt_token_ids)
-    max_tokens = queued.sampling.max_tokens
-    if max_tokens is None:  # up to the context limit
-        max_tokens = state.model_card.max_model_len - num_prompt
-    return num_prompt + max_tokens * queued.sampling.n  # every choice may run to max_tokens
+def reserved_tokens(queued: QueuedRequest) -> int:
+    # every choice may run to max_tokens
+    return len(queued.prompt_token_ids) + queued.sampling.max_tokens * queued.sampling.n
 
 
 async def reserve(
@@ -57,7 +54,7 @@ async def reserve(
 ) -> dict[str, str]:
     """Admits or raises 429; on admission records the reservation on `queued`."""
     limit = principal.limit(queued.priority)
-    tokens = reserved_tokens(state, queued)
+    tokens = reserved_tokens(queued)
     lease_s = state.settings.limit_lease_s
     raw = await state.redis.eval(
         *rl.reserve_call(

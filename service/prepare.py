@@ -10,7 +10,7 @@ import time
 from functools import lru_cache
 
 from engine.grammar import GrammarCompiler
-from engine.sampling_params import StructuredOutput
+from engine.sampling_params import StructuredOutput, resolve_max_tokens
 from metering.keys import Principal
 from service.context import AdmissionContext
 from service.errors import APIError, invalid_param
@@ -34,9 +34,12 @@ def check_model(state: AdmissionContext, model: str) -> None:
         )
 
 
-def check_context(
+def context_max_tokens(
     state: AdmissionContext, num_prompt: int, max_tokens: int | None, param: str
-) -> None:
+) -> int:
+    """max_tokens as asked, checked against the context and resolved (None: the rest of the
+    context, at least one token). The only place a served request's max_tokens is resolved:
+    admission's limits, the queue's token count and the engine all read the integer."""
     limit = state.model_card.max_model_len
     wanted = num_prompt + (max_tokens or 1)
     if wanted > limit:
@@ -47,6 +50,7 @@ def check_context(
             "Please reduce the prompt or the completion length.",
             code="context_length_exceeded",
         )
+    return resolve_max_tokens(max_tokens, num_prompt, limit)
 
 
 def check_prompt_chars(state: AdmissionContext, num_chars: int, param: str) -> None:
@@ -75,7 +79,7 @@ def _content_chars(messages: list[dict]) -> int:
     return total
 
 
-def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: int) -> None:
+def check_sampling(state: AdmissionContext, body: SamplingRequest, max_tokens: int) -> None:
     """The limits a schema cannot state: they depend on settings, the vocabulary or the prompt."""
     body.check_n(state.settings.max_n)
     max_chars = state.settings.max_stop_chars
@@ -87,14 +91,14 @@ def check_sampling(state: AdmissionContext, body: SamplingRequest, num_prompt: i
     bias = body.bias_by_id()
     if bias and any(not 0 <= t < vocab for t in bias):
         raise invalid_param("logit_bias", f"logit_bias token ids must be in [0, {vocab})")
-    # min_tokens is bounded by max_tokens (SamplingRequest.sampling) or, without it, by the room
-    # the context leaves after the prompt.
-    room = state.model_card.max_model_len - num_prompt
-    if body.effective_max_tokens() is None and body.min_tokens > room:
+    body.check_max_tokens()
+    # min_tokens is bounded by max_tokens (SamplingRequest.sampling) or, when none was asked, by
+    # the room the context leaves after the prompt (which max_tokens resolved to).
+    if body.asked_max_tokens() is None and body.min_tokens > max_tokens:
         raise invalid_param(
             "min_tokens",
-            f"min_tokens ({body.min_tokens}) exceeds the {room} tokens the context leaves after "
-            "the prompt",
+            f"min_tokens ({body.min_tokens}) exceeds the {max_tokens} tokens the context leaves "
+            "after the prompt",
         )
 
 
@@ -156,6 +160,7 @@ def build_request(
     principal: Principal,
     endpoint: Endpoint,
     prompt_token_ids: list[int],
+    max_tokens: int,
 ) -> QueuedRequest:
     return QueuedRequest(
         request_id=request_id,
@@ -165,7 +170,7 @@ def build_request(
         endpoint=endpoint,
         priority=body.priority,
         prompt_token_ids=prompt_token_ids,
-        sampling=body.sampling(),
+        sampling=body.sampling(max_tokens),
         enqueued_at=time.time(),
     )
 
@@ -186,10 +191,10 @@ def prepare_chat(
         )
     except Exception as exc:  # template errors are the request's fault (bad roles, order, ...)
         raise invalid_param("messages", f"could not apply the chat template: {exc}") from exc
-    check_context(state, len(prompt), body.effective_max_tokens(), "messages")
-    check_sampling(state, body, len(prompt))
+    max_tokens = context_max_tokens(state, len(prompt), body.asked_max_tokens(), "messages")
+    check_sampling(state, body, max_tokens)
     check_structured_output(state, body)
-    return build_request(request_id, body, principal, "chat.completions", prompt)
+    return build_request(request_id, body, principal, "chat.completions", prompt, max_tokens)
 
 
 def prepare_completion(
@@ -199,7 +204,7 @@ def prepare_completion(
     prompt = prompt_ids(state, body)
     if not prompt:
         raise invalid_param("prompt", "the prompt is empty")
-    check_context(state, len(prompt), body.max_tokens, "prompt")
-    check_sampling(state, body, len(prompt))
+    max_tokens = context_max_tokens(state, len(prompt), body.asked_max_tokens(), "prompt")
+    check_sampling(state, body, max_tokens)
     check_structured_output(state, body)
-    return build_request(request_id, body, principal, "completions", prompt)
+    return build_request(request_id, body, principal, "completions", prompt, max_tokens)

@@ -20,7 +20,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    max_tokens: int | None = None  # None → up to the model's context
+    max_tokens: int = 16  # resolved at preparation: never None here
     min_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)

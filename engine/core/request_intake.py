@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from engine.core.request import Priority, Request
 from engine.detokenizer import IncrementalDetokenizer
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, resolve_max_tokens
 from engine.tokenizer import Tokenizer
 
 
@@ -35,9 +35,10 @@ def new_request(
         raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
     if len(prompt) >= max_model_len:
         raise ValueError(f"prompt has {len(prompt)} tokens; the model's context is {max_model_len}")
-    room = max_model_len - len(prompt)
-    max_tokens = room if params.max_tokens is None else params.max_tokens
-    if max_tokens > room:
+    # A served request comes with max_tokens resolved (service/prepare.py); an offline caller's
+    # None is resolved here. The bound is checked again either way: the last line of defence.
+    max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), max_model_len)
+    if len(prompt) + max_tokens > max_model_len:
         raise ValueError(
             f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
             f"model's context of {max_model_len} tokens"

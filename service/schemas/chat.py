@@ -66,7 +66,7 @@ class ChatCompletionRequest(SamplingRequest, ChatNoOpFields):
             return None
         return self.top_logprobs or 0
 
-    def effective_max_tokens(self) -> int | None:
+    def asked_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
     def template_messages(self) -> list[dict[str, Any]]:

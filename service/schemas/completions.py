@@ -53,12 +53,11 @@ class CompletionRequest(SamplingRequest):
         if self.n > 1 and self.max_tokens == 0:
             raise invalid_param("n", "n > 1 needs max_tokens of at least 1 (0 scores the prompt)")
 
-    def effective_max_tokens(self) -> int | None:
+    def check_max_tokens(self) -> None:
         if self.max_tokens == 0 and not self.echo:
             raise invalid_param(
                 "max_tokens", "max_tokens 0 is only allowed with echo (to score the prompt)"
             )
-        return self.max_tokens
 
     def engine_prompt_logprobs(self) -> int | None:
         """What the engine computes for the prompt: echo with logprobs wants the prompt's, and

@@ -122,8 +122,14 @@ class SamplingRequest(StructuredFields, NoOpFields):
     def continuous_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
-    def effective_max_tokens(self) -> int | None:
+    def asked_max_tokens(self) -> int | None:
+        """max_tokens as the client sent it (None: the rest of the context). Preparation
+        resolves it once (engine.sampling_params.resolve_max_tokens) and passes the integer to
+        .sampling()."""
         return self.max_tokens
+
+    def check_max_tokens(self) -> None:
+        """The bounds on max_tokens a field type cannot state (none here)."""
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
@@ -144,10 +150,9 @@ class SamplingRequest(StructuredFields, NoOpFields):
     def engine_prompt_logprobs(self) -> int | None:
         return None
 
-    def sampling(self) -> Sampling:
-        """The engine's sampling fields, as sent to the worker."""
-        max_tokens = self.effective_max_tokens()
-        if max_tokens is not None and self.min_tokens > max_tokens:
+    def sampling(self, max_tokens: int) -> Sampling:
+        """The engine's sampling fields, as sent to the worker; `max_tokens` resolved."""
+        if self.min_tokens > max_tokens:
             raise invalid_param("min_tokens", "min_tokens must not exceed max_tokens")
         return Sampling(
             temperature=1.0 if self.temperature is None else self.temperature,

@@ -64,6 +64,21 @@ def test_admission_enqueues_the_prepared_request_and_the_reply_is_relayed(
     assert out.usage.total_tokens == num_prompt + 5
 
 
+def test_max_tokens_left_out_is_resolved_once_to_the_rest_of_the_context(
+    app_client, tenant, worker, pool
+):
+    # The queued request carries the integer: the reservation, the queue's token count and the
+    # engine read it, none of them re-derives "None: the rest of the context".
+    client = sdk(app_client, tenant.key)
+    reply = pool.submit(client.completions.create, model="tiny", prompt=PROMPT, max_tokens=None)
+    queued = worker.take(tenant)
+    room = SETTINGS.resolved_max_model_len() - len(PROMPT)
+    assert queued.sampling.max_tokens == room
+    assert queued.reservation is not None and queued.reservation.tokens == len(PROMPT) + room
+    worker.publish(queued.request_id, worker.done("ok", len(PROMPT), 1))
+    assert reply.result(timeout=30).choices[0].text == "ok"
+
+
 def test_stream_relays_events_as_chunks_with_usage(app_client, tenant, worker, pool):
     client = sdk(app_client, tenant.key)
 

@@ -77,9 +77,9 @@ async def admit(
         return _rejected(exc)
     queued.batch_id = batch_id
     queued.enqueued_at = time.time()
-    queued.queued_tokens = queued_tokens(queued, context.model_card.max_model_len, None)
+    queued.queued_tokens = queued_tokens(queued, None)
     tpm = principal.limit("batch").tokens_per_minute
-    if tpm is not None and reserved_tokens(context, queued) > tpm:
+    if tpm is not None and reserved_tokens(queued) > tpm:
         try:
             await reserve(context, principal, queued)  # raises the "too large" 429
         except APIError as exc:
