@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.core.request import Priority
     from engine.llm import LLM
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, RequestDelta
+    from engine.priority import Priority
     from engine.sampling_params import SamplingParams
 
 _LAZY = {
@@ -17,7 +17,7 @@ _LAZY = {
     "LLMEngine": "engine.llm_engine",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.sampling_params",
-    "Priority": "engine.core.request",
+    "Priority": "engine.priority",
     "CompletionOutput": "engine.outputs",
     "RequestDelta": "engine.outputs",
 }

@@ -4,10 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
-
-Priority = Literal["interactive", "batch"]  # service_tier "flex" at the HTTP edge is batch
-PRIORITIES: tuple[Priority, ...] = get_args(Priority)  # the order workers read the queues in
 
 
 @dataclass(frozen=True, slots=True)

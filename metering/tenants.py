@@ -12,7 +12,10 @@ from sqlalchemy.orm import Session
 
 from metering.keys import create_api_key
 from metering.models import ApiKey, Tenant, TenantLimit
-from metering.ratelimit import PRIORITIES
+
+# The priorities a limit is kept for, as tenant_limits stores them: engine.priority.Priority's
+# values (metering imports no engine; tests/metering/test_tenants_priorities.py holds them equal).
+PRIORITIES = ("interactive", "batch")
 
 
 @dataclass(frozen=True, slots=True)

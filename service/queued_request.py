@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from metering.ratelimit import Priority
+from engine.priority import Priority
 from service.limit_reservations import Reservation
 
 Endpoint = Literal["chat.completions", "completions"]
@@ -66,6 +66,7 @@ class QueuedRequest:
     def decode(cls, raw: str | bytes) -> QueuedRequest:
         fields: dict[str, Any] = json.loads(raw)
         fields["sampling"] = Sampling(**fields["sampling"])
+        fields["priority"] = Priority(fields["priority"])
         if fields.get("reservation") is not None:
             fields["reservation"] = Reservation(**fields["reservation"])
         return cls(**fields)

@@ -36,8 +36,8 @@
 # Lua that reads who holds a queue entry is service/queue_ownership.py.
 from __future__ import annotations
 
-from metering.ratelimit import PRIORITIES as PRIORITIES
-from metering.ratelimit import Priority
+from engine.priority import PRIORITIES as PRIORITIES
+from engine.priority import Priority
 from metering.records import METERING_STREAM as METERING_STREAM
 
 GROUP = "workers"

@@ -27,8 +27,10 @@ ROOMS = tuple(MAY_IMPORT)
 # The engine modules a service process may load without torch (the API tokenizes with the
 # first; the settings derive the engine's config and context length from the next two; the
 # router hashes prompt blocks as the prefix cache does with the fourth; requests carry sampling
-# params, and the API compiles their grammars to check them, with the last two).
+# params, and the API compiles their grammars to check them, with the last two; every room
+# names a request's priority with engine.priority).
 TORCH_FREE_ENGINE = {
+    "engine.priority",
     "engine.tokenizer",
     "engine.config",
     "engine.models.config",

@@ -6,26 +6,8 @@ import enum
 import time
 from typing import Any
 
+from engine.priority import Priority as Priority  # its home; re-exported for the engine
 from engine.sampling_params import SamplingParams
-
-
-class Priority(enum.IntEnum):
-    # Lower value = served first. Interactive traffic is admitted before batch traffic and
-    # batch requests are the first victims under KV pressure.
-    INTERACTIVE = 0
-    BATCH = 1
-
-    @classmethod
-    def parse(cls, value: Priority | str | int) -> Priority:
-        if isinstance(value, str):
-            try:
-                return cls[value.upper()]
-            except KeyError:
-                raise ValueError(
-                    f"priority must be 'interactive' or 'batch', got {value!r}"
-                ) from None
-        return cls(value)
-
 
 # Overlapped scheduling (engine/runner/overlap.py): the last token of a request whose step is on the
 # device and not yet back on the host. The next step's batch reads the real id on the device.

@@ -122,7 +122,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: dict[Request, int] = {}
 
-        self.running.sort(key=lambda r: (r.priority, r.admitted_seq))
+        self.running.sort(key=lambda r: (r.priority.rank, r.admitted_seq))
         prefill_left = self._prefill_allowance(budget)
         # Decodes not reached yet in the loop: a prompt chunk leaves them their budget.
         decodes_ahead = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
@@ -162,7 +162,7 @@ class Scheduler:
                 if len(self.running) == 1:
                     self._fail_unfittable(request, out)
                     break
-                victim = max(self.running, key=lambda r: (r.priority, r.admitted_seq))
+                victim = max(self.running, key=lambda r: (r.priority.rank, r.admitted_seq))
                 if victim is not request and victim.num_tokens - victim.num_computed_tokens == 1:
                     decodes_ahead -= 1  # (the victim sorts last: not reached yet)
                 freed = scheduled.pop(victim, 0)

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from metering.ratelimit import Priority
+from engine.priority import Priority
 from metering.records import UsageCounts
 from service.errors import invalid_param
 from service.queued_request import Sampling
@@ -29,6 +29,17 @@ MAX_STOP = 4
 MAX_LOGPROBS = 20
 
 Stop = NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)]
+
+
+def tier_priority(service_tier: str | None) -> Priority:
+    """OpenAI's service_tier as a priority: "flex" is batch, anything else interactive. The
+    only reading of service_tier (the HTTP request here, batch lines in workers/)."""
+    return Priority.BATCH if service_tier == "flex" else Priority.INTERACTIVE
+
+
+def priority_tier(priority: Priority) -> str:
+    """What a chat response reports as its service_tier: "flex" for batch, else "default"."""
+    return "flex" if priority is Priority.BATCH else "default"
 
 
 class StreamOptions(BaseModel):
@@ -107,12 +118,11 @@ class SamplingRequest(StructuredFields, NoOpFields):
 
     @property
     def priority(self) -> Priority:
-        return "batch" if self.service_tier == "flex" else "interactive"
+        return tier_priority(self.service_tier)
 
     @property
     def response_service_tier(self) -> str:
-        """What a chat response reports: "flex" for the batch priority, else "default"."""
-        return "flex" if self.priority == "batch" else "default"
+        return priority_tier(self.priority)
 
     @property
     def include_usage(self) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from engine.priority import Priority
 from metering.keys import Principal
 from service.admission import enqueue_once, queued_tokens
 from service.errors import APIError, validation_error
@@ -19,6 +20,7 @@ from service.prepare import prepare_chat, prepare_completion
 from service.schemas.chat import ChatCompletionRequest
 from service.schemas.completions import CompletionRequest
 from service.schemas.models import ModelCard
+from service.schemas.sampling import priority_tier
 from service.settings import Settings
 
 
@@ -48,7 +50,8 @@ class Later:  # back-pressure: limits or the queue are full; retry on a later pu
 
 
 def _parse(endpoint: str, body: dict[str, Any]):
-    body = {**body, "stream": False, "service_tier": "flex"}  # flex → the batch priority
+    # Every line runs at the batch priority, whatever service_tier it names.
+    body = {**body, "stream": False, "service_tier": priority_tier(Priority.BATCH)}
     body.pop("stream_options", None)
     schema = ChatCompletionRequest if endpoint == "/v1/chat/completions" else CompletionRequest
     return schema.model_validate(body)
@@ -78,7 +81,7 @@ async def admit(
     queued.batch_id = batch_id
     queued.enqueued_at = time.time()
     queued.queued_tokens = queued_tokens(queued, None)
-    tpm = principal.limit("batch").tokens_per_minute
+    tpm = principal.limit(Priority.BATCH).tokens_per_minute
     if tpm is not None and reserved_tokens(queued) > tpm:
         try:
             await reserve(context, principal, queued)  # raises the "too large" 429

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine.priority import Priority
 from metering import batch_requests as batch_lines
 from metering.batch_input import MalformedFile, check_batch_file
 from metering.batch_models import Batch, BatchRequest
@@ -38,7 +39,7 @@ from service.schemas.chat import ChatCompletionRequest, ChatFormatter
 from service.schemas.choices import Choices
 from service.schemas.completions import CompletionFormatter, CompletionRequest
 from service.schemas.models import ModelCard
-from service.schemas.sampling import Usage
+from service.schemas.sampling import Usage, priority_tier
 from service.settings import Settings
 from workers.batch import admission as ba
 
@@ -218,7 +219,9 @@ class Runner:
         if batch.endpoint == "/v1/chat/completions":
             body = ChatCompletionRequest.model_validate(row.body)  # admitted: it is valid
             context = ba.BatchAdmissionContext(self.settings, None, self.tokenizer, self.model_card)
-            fmt = ChatFormatter(row.request_id, model, "flex", chat_tool_mode(context, body))
+            fmt = ChatFormatter(
+                row.request_id, model, priority_tier(Priority.BATCH), chat_tool_mode(context, body)
+            )
         else:
             body = CompletionRequest.model_validate(row.body)
             context = ba.BatchAdmissionContext(self.settings, None, self.tokenizer, self.model_card)
