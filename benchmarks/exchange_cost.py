@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 import redis  # noqa: E402
 
 from engine.outputs import RequestDelta, RequestUsage  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
 from service import streams as p  # noqa: E402
 from service.embedded import EmbeddedServices  # noqa: E402
 from service.events import encode_event  # noqa: E402
-from service.queued_request import QueuedRequest, Sampling  # noqa: E402
+from service.queued_request import QueuedRequest  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from workers.gpu.inflight import Inflight  # noqa: E402
 from workers.gpu.outbox import Outbox  # noqa: E402
@@ -41,7 +42,7 @@ def running_requests(n: int) -> dict[str, Inflight]:
         req = QueuedRequest(
             request_id=f"cmpl-{i:032x}", tenant_id="t", key_id="k", model="m",
             endpoint="chat.completions", priority="interactive",
-            prompt_token_ids=list(range(2000)), sampling=Sampling(), enqueued_at=time.time(),
+            prompt_token_ids=list(range(2000)), sampling=SamplingParams(), enqueued_at=time.time(),
         )  # fmt: skip
         queue = p.worker_queue_key("bench", "interactive")
         inflight[req.request_id] = Inflight(req, queue, f"{i + 1}-0", published=True, num_events=1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from service.queued_request import QueuedRequest, Sampling
+from engine.sampling_params import SamplingParams
+from service.queued_request import QueuedRequest
 
 
 def queued_request(
@@ -20,6 +21,6 @@ def queued_request(
         endpoint="completions",
         priority=priority,
         prompt_token_ids=prompt or list(range(1, 11)),
-        sampling=Sampling(**{"temperature": 0.0, "ignore_eos": True, **sampling}),
+        sampling=SamplingParams(**{"temperature": 0.0, "ignore_eos": True, **sampling}),
         enqueued_at=time.time(),
     )

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from engine.priority import Priority
+from engine.sampling_params import SamplingParams
 from metering.records import UsageCounts
 from service.errors import invalid_param
-from service.queued_request import Sampling
 from service.schemas.fields import (
     AsInteger,
     Metadata,
@@ -160,11 +160,12 @@ class SamplingRequest(StructuredFields, NoOpFields):
     def engine_prompt_logprobs(self) -> int | None:
         return None
 
-    def sampling(self, max_tokens: int) -> Sampling:
-        """The engine's sampling fields, as sent to the worker; `max_tokens` resolved."""
+    def sampling(self, max_tokens: int) -> SamplingParams:
+        """The engine's sampling params, as the queue message carries them to the worker;
+        `max_tokens` resolved. The fields above bound every value SamplingParams checks."""
         if self.min_tokens > max_tokens:
             raise invalid_param("min_tokens", "min_tokens must not exceed max_tokens")
-        return Sampling(
+        return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
+from engine.sampling_params import SamplingParams
 from service import streams as p
 from service.events import error_event
-from service.queued_request import Sampling
 from tests.api.conftest import SETTINGS, sdk
 from tests.waiting import wait_until
 
@@ -43,7 +43,7 @@ def test_admission_enqueues_the_prepared_request_and_the_reply_is_relayed(
     queued = worker.take(tenant, "batch")  # service_tier flex → the batch priority
     assert queued.request_id.startswith("chatcmpl-") and queued.endpoint == "chat.completions"
     assert queued.model == "tiny" and queued.tenant_id == str(tenant.id)
-    assert queued.sampling == Sampling(temperature=0.0, max_tokens=5, stop=["x"])
+    assert queued.sampling == SamplingParams(temperature=0.0, max_tokens=5, stop=["x"])
     num_prompt = len(queued.prompt_token_ids)
     assert num_prompt > 0
     assert queued.reservation is not None and queued.reservation.tokens == num_prompt + 5

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from service.queued_request import Sampling
+from engine.sampling_params import SamplingParams
 from tests.api.conftest import bad_request, sdk
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,7 +35,7 @@ def test_vllm_extras_reach_the_worker(app_client, tenant, worker):
         queued = worker.take(tenant)
         worker.publish(queued.request_id, worker.done("ok", len(queued.prompt_token_ids), 1))
         assert reply.result(timeout=30).choices[0].message.content == "ok"
-    assert queued.sampling == Sampling(
+    assert queued.sampling == SamplingParams(
         max_tokens=5,
         top_k=5,
         ignore_eos=True,

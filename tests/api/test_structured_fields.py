@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from engine.sampling_params import StructuredOutput
 from tests.api.conftest import bad_request, sdk
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,7 +39,8 @@ def _queued_spec(app_client, tenant, worker, body: dict, path="/v1/chat/completi
         queued = worker.take(tenant)
         worker.publish(queued.request_id, worker.done("{}", len(queued.prompt_token_ids), 1))
         assert reply.result(timeout=30).status_code == 200
-    return queued.sampling.structured_output
+    spec = queued.sampling.structured_output
+    return None if spec is None else {"kind": spec.kind, "spec": spec.spec}
 
 
 @pytest.mark.parametrize(
@@ -81,7 +83,7 @@ def test_the_sdk_sends_response_format_json_schema(app_client, tenant, worker):
         queued = worker.take(tenant)
         worker.publish(queued.request_id, worker.done('{"city":"x"}', 3, 3))
         assert json.loads(reply.result(timeout=30).choices[0].message.content) == {"city": "x"}
-    assert queued.sampling.structured_output == {"kind": "json_schema", "spec": CANONICAL}
+    assert queued.sampling.structured_output == StructuredOutput("json_schema", CANONICAL)
 
 
 @pytest.mark.parametrize(

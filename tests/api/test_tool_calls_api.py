@@ -116,8 +116,8 @@ def test_required_and_named_send_the_parameters_grammar(app_client, tenant, work
 
     queued, out = _play(app_client, tenant, worker, call, answer)
     spec = queued.sampling.structured_output
-    assert spec["kind"] == "json_schema"
-    schema = json.loads(spec["spec"])
+    assert spec.kind == "json_schema"
+    schema = json.loads(spec.spec)
     if named:
         assert schema == TOOLS[0]["function"]["parameters"]
     else:

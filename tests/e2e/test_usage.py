@@ -10,9 +10,10 @@ import uuid
 import httpx
 import pytest
 
+from engine.sampling_params import SamplingParams
 from metering.records import METERING_STREAM, encode_record
 from service import streams as p
-from service.queued_request import QueuedRequest, Sampling
+from service.queued_request import QueuedRequest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,10 +58,12 @@ def test_one_row_per_request_completed_cancelled_failed(server):
         endpoint="completions",
         priority="interactive",
         prompt_token_ids=PROMPT,
-        sampling=Sampling(temperature=-1.0),
+        sampling=SamplingParams(),
         enqueued_at=time.time(),
     )
-    server.redis.xadd(p.queue_key("interactive"), {"r": bad.encode()})
+    message = json.loads(bad.encode())
+    message["sampling"]["temperature"] = -1.0  # as no admission writes it
+    server.redis.xadd(p.queue_key("interactive"), {"r": json.dumps(message)})
     rows = server.usage_rows([done, cancelled, failed])
     assert sorted(r.request_id for r in rows) == sorted([done, cancelled, failed])
     status = {r.request_id: r.status for r in rows}

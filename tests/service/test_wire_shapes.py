@@ -3,6 +3,7 @@
 # (metering/records.py), and the usage a response reports (service/schemas/sampling.py).
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import replace
@@ -10,6 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from engine.priority import Priority
+from engine.sampling_params import SamplingParams, StructuredOutput
 from metering.records import (
     BusyRecord,
     RequestRecord,
@@ -19,7 +22,7 @@ from metering.records import (
 )
 from service.events import decode_event, encode_event, error_event
 from service.limit_reservations import Reservation
-from service.queued_request import QueuedRequest, Sampling
+from service.queued_request import InvalidSampling, QueuedRequest
 from service.schemas.sampling import Usage
 
 
@@ -32,16 +35,36 @@ def test_the_queue_message_round_trips_typed():
         endpoint="completions",
         priority="batch",
         prompt_token_ids=[1, 2, 3],
-        sampling=Sampling(temperature=0.0, max_tokens=5, stop=["\n"], seed=7),
+        sampling=SamplingParams(
+            temperature=0.0,
+            max_tokens=5,
+            stop=["\n"],
+            seed=7,
+            structured_output=StructuredOutput("regex", "a+"),
+            logit_bias={42: 1.5},  # int keys: strings in JSON, ints again once decoded
+        ),
         enqueued_at=time.time(),
         batch_id="batch_1",
         reservation=Reservation(window=123, tokens=8),
     )
     decoded = QueuedRequest.decode(queued.encode())
     assert decoded == queued
-    assert isinstance(decoded.sampling, Sampling) and isinstance(decoded.reservation, Reservation)
+    assert isinstance(decoded.sampling, SamplingParams) and decoded.priority is Priority.BATCH
+    assert isinstance(decoded.reservation, Reservation)
     plain = QueuedRequest.decode(replace(queued, reservation=None, batch_id=None).encode())
     assert plain.reservation is None and plain.batch_id is None
+
+
+def test_a_message_whose_sampling_the_engine_refuses_still_decodes_its_request():
+    # Admitted (billed, maybe awaited): the worker fails it rather than dropping it.
+    queued = QueuedRequest(
+        "cmpl-2", "t", "k", "tiny", "completions", Priority.INTERACTIVE, [1], SamplingParams(), 0.0
+    )
+    raw = json.loads(queued.encode())
+    raw["sampling"]["temperature"] = -1.0
+    with pytest.raises(InvalidSampling, match="temperature") as exc:
+        QueuedRequest.decode(json.dumps(raw))
+    assert exc.value.request.request_id == "cmpl-2"
 
 
 def test_events_round_trip():

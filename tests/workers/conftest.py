@@ -3,6 +3,7 @@
 # it publishes: output events, usage records, its stats.
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 
@@ -57,9 +58,16 @@ def sessions(services):
     engine.dispose()
 
 
-def submit(rds: redis.Redis, queued: QueuedRequest) -> str:
-    """XADD to the shared queue, as admission does without routing (service/routing.py)."""
-    return rds.xadd(p.queue_key(queued.priority), {"r": queued.encode()})
+def submit(rds: redis.Redis, queued: QueuedRequest, **raw_sampling) -> str:
+    """XADD to the shared queue, as admission does without routing (service/routing.py).
+    `raw_sampling`: sampling fields written into the message as no admission would (values
+    SamplingParams refuses)."""
+    message = queued.encode()
+    if raw_sampling:
+        fields = json.loads(message)
+        fields["sampling"] |= raw_sampling
+        message = json.dumps(fields)
+    return rds.xadd(p.queue_key(queued.priority), {"r": message})
 
 
 def events(rds: redis.Redis, request_id: str, timeout_s: float = 60) -> list[Event]:

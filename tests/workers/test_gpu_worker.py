@@ -96,8 +96,8 @@ def test_a_cancel_aborts_the_request_and_frees_its_blocks(gpu_worker, rds):
 
 
 def test_a_request_the_engine_refuses_fails_with_one_record(gpu_worker, rds):
-    queued = queued_request(max_tokens=4, temperature=-1.0)  # out of the engine's range
-    submit(rds, queued)
+    queued = queued_request(max_tokens=4)
+    submit(rds, queued, temperature=-1.0)  # out of the engine's range
     (final,) = events(rds, queued.request_id)
     assert final["type"] == "error" and final["code"] == "invalid_request"
     assert "temperature" in final["message"]

@@ -6,16 +6,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 import redis
 
-from engine import LLMEngine, SamplingParams
+from engine import LLMEngine
 from service.events import decode_event, error_event
 from service.output_stream import follow
 from service.queue_ownership import takeover_call
-from service.queued_request import QueuedRequest
+from service.queued_request import InvalidSampling, QueuedRequest
 from service.redis_clients import UNREACHABLE
 from workers.gpu.inflight import Inflight
 from workers.gpu.outbox import Outbox
@@ -51,6 +50,9 @@ class QueueAdmission:
         """`counted`: read off the queue (not reclaimed), so its queued tokens leave the queue's
         counter; `resume`: the follower of the stream another worker started."""
         req = self._decode(queue, entry_id, fields)
+        invalid = req if isinstance(req, InvalidSampling) else None
+        if invalid is not None:
+            req = invalid.request
         if req is None or req.request_id in self.inflight:
             return
         if counted and req.queued_tokens:
@@ -63,10 +65,12 @@ class QueueAdmission:
         with self.lock:
             self.inflight[req.request_id] = f
         try:
+            if invalid is not None:
+                raise invalid
             self.engine.add_request(
                 req.request_id,
                 req.prompt_token_ids,
-                SamplingParams(**asdict(req.sampling)),
+                req.sampling,
                 priority=req.priority,
                 arrival_time=req.enqueued_at,
                 cache_salt=req.tenant_id,  # prefix-cache hits never cross tenants
@@ -78,13 +82,18 @@ class QueueAdmission:
             event["usage"] = f.usage(f.sent_tokens)
             self.outbox.failed.append((f, event))
 
-    def _decode(self, queue: str, entry_id: str, fields: dict | None) -> QueuedRequest | None:
-        """The entry's request; None for an entry deleted while pending or one that does not
-        decode (not written by admission: nobody waits on it, nothing to bill), which is
-        acknowledged and dropped rather than stopping the worker."""
+    def _decode(
+        self, queue: str, entry_id: str, fields: dict | None
+    ) -> QueuedRequest | InvalidSampling | None:
+        """The entry's request (InvalidSampling: one the engine will not take, failed by
+        admit); None for an entry deleted while pending or one that does not decode (not
+        written by admission: nobody waits on it, nothing to bill), which is acknowledged and
+        dropped rather than stopping the worker."""
         if fields and "r" in fields:
             try:
                 return QueuedRequest.decode(fields["r"])
+            except InvalidSampling as invalid:
+                return invalid
             except (ValueError, TypeError, KeyError) as exc:  # JSON, fields, field types
                 log.error("dropped malformed queue entry %s on %s: %r", entry_id, queue, exc)
         self.outbox.acks.append((queue, entry_id))
@@ -97,6 +106,8 @@ class QueueAdmission:
         if its client went away meanwhile."""
         for entry_id, fields in claimed:
             req = self._decode(queue, entry_id, fields)
+            if isinstance(req, InvalidSampling):
+                req = req.request
             if req is None or req.request_id in self.inflight:
                 continue
             ttl = self.outbox.output_ttl(Inflight(req, queue, entry_id))
