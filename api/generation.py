@@ -28,9 +28,8 @@ from service.logging_setup import request_id_var
 from service.queued_request import QueuedRequest
 from service.redis_clients import UNREACHABLE, Backoff
 from service.schemas.choices import Choices
-from service.schemas.chunk_usage import ChunkUsage
 from service.schemas.formatter import Formatter
-from service.schemas.sampling import Usage
+from service.schemas.usage import ChunkUsage, Usage
 
 log = logging.getLogger("fleetlm.api")
 
@@ -234,7 +233,7 @@ async def _collect(
         if err.status == 503:
             headers = headers | {"retry-after": str(state.settings.unavailable_retry_after_s)}
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
-    body = choices.response(events, Usage.from_counts(event["usage"]))
+    body = choices.response(events, Usage.of_event(event))
     return JSONResponse(body, headers=headers)
 
 

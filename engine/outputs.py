@@ -4,16 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass(slots=True)
-class RequestUsage:
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    preemptions: int
-    # Speculative decoding: draft tokens proposed for this request and, of those, accepted.
-    spec_proposed_tokens: int = 0
-    spec_accepted_tokens: int = 0
+from engine.usage import RequestUsage as RequestUsage  # its home; re-exported for the engine
 
 
 @dataclass(slots=True)

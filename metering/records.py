@@ -1,43 +1,26 @@
 # The records on fleetlm:metering and their one codec. A worker writes one RequestRecord per
 # finished request, whatever its end, and a BusyRecord per closed busy interval; the metering
 # writer decodes them into usage_records and worker_busy rows. An entry is {"kind", "r": JSON},
-# so counts, milliseconds, nulls and epoch timestamps cross the stream as numbers.
-# Adding a usage counter touches the engine's RequestUsage, UsageCounts here, the usage_records
-# model and a migration; the worker, the events and the writer carry every counter as it comes.
+# so counts, milliseconds, nulls and epoch timestamps cross the stream as numbers. A request's
+# usage counters come as the engine's usage record wrote them (engine/usage.py, which says what
+# adding a counter touches): metering imports no engine and names no counter, it writes each to
+# the usage_records column of the same name.
 from __future__ import annotations
 
 import json
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, TypedDict, cast
+from typing import Any
+
+from metering.models import UsageRecord
 
 METERING_STREAM = "fleetlm:metering"
 REQUEST_KIND = "request"
 BUSY_KIND = "worker_busy"
 
 
-class UsageCounts(TypedDict):
-    """One request's counters: the engine's RequestUsage field for field (the worker passes
-    dataclasses.asdict of it), each a usage_records column of the same name."""
-
-    prompt_tokens: int
-    cached_tokens: int  # part of prompt_tokens
-    completion_tokens: int
-    preemptions: int
-    # Speculative decoding: draft tokens proposed and accepted (accepted ones are in
-    # completion_tokens; the rest cost GPU time but are not billed as output).
-    spec_proposed_tokens: int
-    spec_accepted_tokens: int
-
-
-COUNTERS: tuple[str, ...] = tuple(UsageCounts.__annotations__)
-
-
-def usage_counts(counts: dict[str, Any] | None = None) -> UsageCounts:
-    """Every counter, as an int; zero where absent (a request that never ran knows none)."""
-    counts = counts or {}
-    return cast(UsageCounts, {k: int(counts.get(k, 0)) for k in COUNTERS})
+_USAGE_COLUMNS = frozenset(UsageRecord.__table__.columns.keys())
 
 
 def _time(epoch_s: float) -> datetime:
@@ -56,7 +39,7 @@ class RequestRecord:
     status: str  # completed | length | cancelled | failed
     finish_reason: str  # stop | length | abort | error
     error: str | None
-    counts: UsageCounts
+    counts: dict[str, int]  # engine.usage.RequestUsage.to_json(): counter name → count
     queue_ms: float | None  # from the API's enqueue
     ttft_ms: float | None
     tpot_ms: float | None
@@ -69,6 +52,9 @@ class RequestRecord:
         """Its usage_records row, before pricing."""
         row = asdict(self)
         counts, enqueued_at = row.pop("counts"), row.pop("enqueued_at")
+        # A counter with no column yet (a worker ahead of the migration) is not written, rather
+        # than the row refused: the request is billed either way.
+        counts = {k: v for k, v in counts.items() if k in _USAGE_COLUMNS}
         return (
             row
             | counts
@@ -106,4 +92,5 @@ def decode_record(fields: dict[str, str]) -> RequestRecord | BusyRecord:
     payload: dict[str, Any] = json.loads(fields["r"])
     if fields.get("kind") == BUSY_KIND:
         return BusyRecord(**payload)
-    return RequestRecord(**payload | {"counts": usage_counts(payload["counts"])})
+    counts = {str(k): int(v) for k, v in payload["counts"].items()}
+    return RequestRecord(**payload | {"counts": counts})

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from typing import Literal, NotRequired, TypedDict
 
-from metering.records import UsageCounts
-
 FINAL_EVENTS = ("done", "error")
+# A request's usage record as its final event carries it: engine.usage.RequestUsage.to_json()
+# (the counters by name), read back with RequestUsage.from_json.
+UsageJSON = dict[str, int]
 
 
 class DeltaEvent(TypedDict):
@@ -45,7 +46,7 @@ class DoneEvent(TypedDict):
     text: str
     worker: str
     finish_reason: Literal["stop", "length"]
-    usage: UsageCounts
+    usage: UsageJSON
     logprobs: NotRequired[list[dict]]  # the last tokens' (as DeltaEvent's)
     prompt_logprobs: NotRequired[list[dict]]  # when no delta came before (max_tokens 0)
     # n > 1: the choice of `text` and `logprobs`, and every choice's finish reason (a choice
@@ -62,7 +63,7 @@ class ErrorEvent(TypedDict):
     code: str
     text: NotRequired[str]  # the last text the engine produced before it ended
     worker: NotRequired[str | None]  # absent when the relay itself gave up
-    usage: NotRequired[UsageCounts]
+    usage: NotRequired[UsageJSON]
 
 
 Event = DeltaEvent | ResumeEvent | DoneEvent | ErrorEvent

@@ -28,9 +28,10 @@ ROOMS = tuple(MAY_IMPORT)
 # first; the settings derive the engine's config and context length from the next two; the
 # router hashes prompt blocks as the prefix cache does with the fourth; requests carry sampling
 # params, and the API compiles their grammars to check them, with the last two; every room
-# names a request's priority with engine.priority).
+# names a request's priority with engine.priority, and its usage with engine.usage).
 TORCH_FREE_ENGINE = {
     "engine.priority",
+    "engine.usage",
     "engine.tokenizer",
     "engine.config",
     "engine.models.config",

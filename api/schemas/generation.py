@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from service.schemas.sampling import Usage
+from service.schemas.usage import Usage
 
 # service/events.py DoneEvent; "tool_calls" when the answer is tool calls (service/schemas/tools.py)
 FinishReason = Literal["stop", "length", "tool_calls"] | None

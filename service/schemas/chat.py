@@ -11,7 +11,7 @@ from service.errors import invalid_param
 from service.schemas.fields import AsInteger, PositiveInt, checked
 from service.schemas.formatter import Formatter, created_now
 from service.schemas.noop_fields import ChatNoOpFields
-from service.schemas.sampling import MAX_LOGPROBS, SamplingRequest, Usage
+from service.schemas.sampling import MAX_LOGPROBS, SamplingRequest
 from service.schemas.tools import (
     Tool,
     ToolCallParser,
@@ -23,6 +23,7 @@ from service.schemas.tools import (
     read_calls,
     required_schema,
 )
+from service.schemas.usage import Usage
 
 
 class TextPart(BaseModel):

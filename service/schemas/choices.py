@@ -10,7 +10,7 @@ from typing import Any
 
 from service.events import Event
 from service.schemas.formatter import Formatter
-from service.schemas.sampling import Usage
+from service.schemas.usage import Usage
 
 
 class Choices:

@@ -9,7 +9,8 @@ from pydantic import Field, StrictBool, field_validator
 from service.errors import invalid_param
 from service.schemas.fields import NonEmptyStr, NonNegativeInt, OnlyOne, checked
 from service.schemas.formatter import Formatter, created_now
-from service.schemas.sampling import SamplingRequest, Usage
+from service.schemas.sampling import SamplingRequest
+from service.schemas.usage import Usage
 
 TokenIds = Annotated[list[NonNegativeInt], Field(min_length=1)]
 # One prompt per request: a non-empty string or token ids, bare or as a one-element list.

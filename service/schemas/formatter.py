@@ -7,7 +7,7 @@ import copy
 import time
 from typing import Any
 
-from service.schemas.sampling import Usage
+from service.schemas.usage import Usage
 
 
 class Formatter:

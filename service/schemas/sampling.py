@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from engine.priority import Priority
 from engine.sampling_params import SamplingParams
-from metering.records import UsageCounts
 from service.errors import invalid_param
 from service.schemas.fields import (
     AsInteger,
@@ -186,39 +185,4 @@ class SamplingRequest(StructuredFields, NoOpFields):
             logit_bias=self.bias_by_id(),
             prompt_logprobs=self.engine_prompt_logprobs(),
             n=self.n,
-        )
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class CompletionTokensDetails(BaseModel):
-    # Speculative decoding's draft tokens, in OpenAI's predicted-output fields: accepted drafts
-    # are part of completion_tokens, rejected ones are not (they cost compute, not output).
-    reasoning_tokens: int = 0
-    accepted_prediction_tokens: int = 0
-    rejected_prediction_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-    completion_tokens_details: CompletionTokensDetails
-
-    @classmethod
-    def from_counts(cls, counts: UsageCounts) -> Usage:
-        prompt, completion = counts["prompt_tokens"], counts["completion_tokens"]
-        accepted = counts["spec_accepted_tokens"]
-        return cls(
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            total_tokens=prompt + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=counts["cached_tokens"]),
-            completion_tokens_details=CompletionTokensDetails(
-                accepted_prediction_tokens=accepted,
-                rejected_prediction_tokens=counts["spec_proposed_tokens"] - accepted,
-            ),
         )

@@ -15,8 +15,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from api.main import create_app
+from engine.usage import RequestUsage
 from metering.db import make_engine, make_sessionmaker, transaction
-from metering.records import usage_counts
 from metering.tenants import create_tenant, set_limits
 from service import streams as p
 from service.events import DeltaEvent, DoneEvent, Event, encode_event
@@ -136,7 +136,7 @@ class PlayedWorker:
             "text": text,
             "worker": self.id,
             "finish_reason": "length",
-            "usage": usage_counts(counts),
+            "usage": RequestUsage.from_json(counts).to_json(),
         }
 
 

@@ -24,10 +24,10 @@ from schemathesis.python.asgi import shutdown_lifespans
 from schemathesis.specs.openapi.checks import RejectedPositiveData, positive_data_acceptance
 
 from api.main import create_app
+from engine.usage import RequestUsage
 from metering.batches import create_batch
 from metering.db import transaction
 from metering.files import create_file
-from metering.records import usage_counts
 from metering.tenants import create_tenant
 from service import streams as p
 from service.events import encode_event
@@ -117,7 +117,7 @@ class EchoWorker:
             "text": "ok",
             "worker": self.id,
             "finish_reason": "length",
-            "usage": usage_counts(counts),
+            "usage": RequestUsage.from_json(counts).to_json(),
         }
         self.rds.xadd(p.output_key(queued.request_id), encode_event(done))
         self.rds.expire(p.output_key(queued.request_id), 60)

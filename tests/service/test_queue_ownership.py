@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from metering.records import METERING_STREAM, RequestRecord, usage_counts
+from engine.usage import RequestUsage
+from metering.records import METERING_STREAM, RequestRecord
 from service import streams as p
 from service.events import decode_event, encode_event
 from service.queue_ownership import finish_call, heartbeat_call, requeue_call, takeover_call
@@ -36,7 +37,7 @@ def record(queued, worker: str) -> RequestRecord:
     return RequestRecord(
         request_id=queued.request_id, tenant_id=queued.tenant_id, key_id=queued.key_id,
         model="tiny", priority="interactive", endpoint="completions", batch_id=None,
-        status="length", finish_reason="length", error=None, counts=usage_counts(),
+        status="length", finish_reason="length", error=None, counts=RequestUsage().to_json(),
         queue_ms=None, ttft_ms=None, tpot_ms=None, e2e_ms=None, worker_id=worker,
         enqueued_at=now, finished_at=now,
     )  # fmt: skip
@@ -49,7 +50,7 @@ def records_of(rds, request_id: str) -> list[dict]:
 
 def done(worker: str) -> dict:
     return {"type": "done", "text": "", "worker": worker, "finish_reason": "length",
-            "usage": usage_counts()}  # fmt: skip
+            "usage": RequestUsage().to_json()}  # fmt: skip
 
 
 def test_only_the_owner_finishes_a_request(rds, entry):

@@ -11,8 +11,8 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.sampling_params import StructuredOutput
 from service.schemas.chat import ChatCompletionRequest, ChatFormatter
-from service.schemas.sampling import Usage
 from service.schemas.tools import ToolMode, may_start_call, parser_for_template, read_calls
+from service.schemas.usage import Usage
 
 HERMES = ToolMode("auto", "hermes")
 LLAMA = ToolMode("auto", "llama3_json")

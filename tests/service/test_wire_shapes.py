@@ -13,17 +13,12 @@ import pytest
 
 from engine.priority import Priority
 from engine.sampling_params import SamplingParams, StructuredOutput
-from metering.records import (
-    BusyRecord,
-    RequestRecord,
-    decode_record,
-    encode_record,
-    usage_counts,
-)
+from engine.usage import RequestUsage
+from metering.records import BusyRecord, RequestRecord, decode_record, encode_record
 from service.events import decode_event, encode_event, error_event
 from service.limit_reservations import Reservation
 from service.queued_request import InvalidSampling, QueuedRequest
-from service.schemas.sampling import Usage
+from service.schemas.usage import Usage
 
 
 def test_the_queue_message_round_trips_typed():
@@ -80,7 +75,7 @@ def test_a_request_record_round_trips_and_becomes_its_row():
         request_id="cmpl-1", tenant_id=str(uuid.uuid4()), key_id=None, model="tiny",
         priority="interactive", endpoint="completions", batch_id=None, status="cancelled",
         finish_reason="abort", error="request cancelled",
-        counts=usage_counts({"prompt_tokens": 9, "completion_tokens": 2}),
+        counts=RequestUsage(prompt_tokens=9, completion_tokens=2).to_json(),
         queue_ms=1.25, ttft_ms=None, tpot_ms=None, e2e_ms=40.0, worker_id="w1",
         enqueued_at=now - 0.04, finished_at=now,
     )  # fmt: skip
@@ -106,13 +101,13 @@ def test_a_malformed_record_raises(fields):
 
 
 def test_usage_details_report_accepted_and_rejected_drafts():
-    usage = Usage.from_counts(
-        usage_counts({"prompt_tokens": 20, "cached_tokens": 16, "completion_tokens": 12,
+    usage = Usage.of(
+        RequestUsage(**{"prompt_tokens": 20, "cached_tokens": 16, "completion_tokens": 12,
                       "spec_proposed_tokens": 10, "spec_accepted_tokens": 7})
     )  # fmt: skip
     details = usage.completion_tokens_details
     assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (7, 3)
     assert usage.total_tokens == 32 and usage.prompt_tokens_details.cached_tokens == 16
-    plain = Usage.from_counts(usage_counts({"prompt_tokens": 3, "completion_tokens": 2}))
+    plain = Usage.of(RequestUsage(prompt_tokens=3, completion_tokens=2))
     assert plain.completion_tokens_details.accepted_prediction_tokens == 0
     assert plain.completion_tokens_details.rejected_prediction_tokens == 0

@@ -19,13 +19,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.priority import Priority
+from engine.usage import RequestUsage
 from metering import batch_requests as batch_lines
 from metering.batch_input import MalformedFile, check_batch_file
 from metering.batch_models import Batch, BatchRequest
 from metering.batches import ACTIVE, FINAL, lock_for_pump, now, rearm_stale_pumps
 from metering.files import create_file, get_file
 from metering.keys import principal_of_key
-from metering.records import usage_counts
 from service import streams as p
 from service.errors import event_error
 from service.events import FINAL_EVENTS, Event, decode_event
@@ -39,7 +39,8 @@ from service.schemas.chat import ChatCompletionRequest, ChatFormatter
 from service.schemas.choices import Choices
 from service.schemas.completions import CompletionFormatter, CompletionRequest
 from service.schemas.models import ModelCard
-from service.schemas.sampling import Usage, priority_tier
+from service.schemas.sampling import priority_tier
+from service.schemas.usage import Usage
 from service.settings import Settings
 from workers.batch import admission as ba
 
@@ -207,10 +208,10 @@ class Runner:
 
     def _record(self, batch: Batch, row: BatchRequest, events: list[Event]) -> None:
         final = events[-1]
-        usage = usage_counts(final.get("usage"))
-        row.prompt_tokens = usage["prompt_tokens"]
-        row.cached_tokens = usage["cached_tokens"]
-        row.completion_tokens = usage["completion_tokens"]
+        usage = RequestUsage.from_json(final.get("usage"))
+        row.prompt_tokens = usage.prompt_tokens
+        row.cached_tokens = usage.cached_tokens
+        row.completion_tokens = usage.completion_tokens
         if final["type"] == "error":
             err = event_error(final)
             row.state, row.status_code, row.response = "failed", err.status, err.body()
@@ -227,7 +228,7 @@ class Runner:
             context = ba.BatchAdmissionContext(self.settings, None, self.tokenizer, self.model_card)
             echo = completion_echo(context, body, prompt_ids(context, body)) if body.echo else None
             fmt = CompletionFormatter(row.request_id, model, echo, body.logprobs is not None)
-        body = Choices(fmt, body.n).response(events, Usage.from_counts(usage))
+        body = Choices(fmt, body.n).response(events, Usage.of(usage))
         row.state, row.status_code, row.response = "done", 200, body
 
     def _drop_queued(self, session: Session, batch: Batch) -> None:

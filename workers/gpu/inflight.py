@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from metering.records import UsageCounts, usage_counts
+from engine.usage import RequestUsage
 from service.events import ErrorEvent
 from service.output_stream import OutputFollower
 from service.queued_request import QueuedRequest
@@ -39,14 +39,15 @@ class Inflight:
     def request_id(self) -> str:
         return self.req.request_id
 
-    def usage(self, completion_tokens: int, engine: dict | None = None) -> UsageCounts:
-        """The counters to bill: the engine's (if it ran here) with `completion_tokens` and the
-        first run's cached tokens."""
-        counts = usage_counts(engine or {"prompt_tokens": len(self.req.prompt_token_ids)})
-        counts["completion_tokens"] = completion_tokens
+    def usage(self, completion_tokens: int, engine: RequestUsage | None = None) -> dict[str, int]:
+        """What to bill, as the final event carries it: the engine's record (if it ran here)
+        with `completion_tokens` and the first run's cached tokens."""
+        if engine is None:
+            engine = RequestUsage(prompt_tokens=len(self.req.prompt_token_ids))
+        usage = replace(engine, completion_tokens=completion_tokens)
         if self.cached_tokens is not None:
-            counts["cached_tokens"] = self.cached_tokens
-        return counts
+            usage.cached_tokens = self.cached_tokens
+        return usage.to_json()
 
     def resumed_from(self, follower: OutputFollower) -> None:
         """Taken over after `follower` read the stream: what the first run's client had."""

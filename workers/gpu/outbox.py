@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from engine.outputs import RequestDelta
-from metering.records import RequestRecord, usage_counts
+from metering.records import RequestRecord
 from service import streams as p
 from service.events import DoneEvent, ErrorEvent
 from service.queue_ownership import finish_call, requeue_call
@@ -155,8 +155,8 @@ class Outbox:
         """The final event, the usage record, the reservation's release and the XACK of one
         request: one Lua call, which does nothing if another worker took the request over."""
         event["worker"] = self.worker_id
-        event["usage"] = usage_counts(event.get("usage"))
         record = usage_record(f, event, delta, self.worker_id)
+        event["usage"] = record.counts  # what the row bills, every counter named
         ttl = self.output_ttl(f)
         pipe.eval(*finish_call(f.req, f.queue, f.entry_id, self.worker_id, event, ttl, record))
         out.finished.append((f, record))

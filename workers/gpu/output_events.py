@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from json.encoder import encode_basestring_ascii as json_string
 
 from engine.outputs import RequestDelta
@@ -86,8 +85,8 @@ def delta_event_json(worker_id: str, f: Inflight, delta: RequestDelta) -> str:
 
 def final_event(worker_id: str, f: Inflight, delta: RequestDelta) -> DoneEvent | ErrorEvent:
     """The end of a request the engine finished (or aborted on a cancel)."""
-    engine_usage = asdict(delta.usage)
-    n = delta.usage.completion_tokens
+    engine_usage = delta.usage
+    n = engine_usage.completion_tokens
     reason = delta.finish_reason
     if reason in ("stop", "length"):
         done: DoneEvent = {

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from engine.outputs import RequestDelta
-from metering.records import BusyRecord, RequestRecord, encode_record, usage_counts
+from engine.usage import RequestUsage
+from metering.records import BusyRecord, RequestRecord, encode_record
 from service.events import DoneEvent, ErrorEvent
 from workers.gpu.inflight import Inflight
 
@@ -37,9 +38,10 @@ def usage_record(
         arrival, scheduled, first, finished = req.enqueued_at, None, None, now
     if f.first_token_time is not None:
         first, scheduled = f.first_token_time, f.scheduled_time or scheduled
-    # The event carries the engine's counters as they are (or what a reclaiming worker knew).
-    counts = usage_counts({"prompt_tokens": len(req.prompt_token_ids)} | event.get("usage", {}))
-    n = counts["completion_tokens"]
+    # The event carries the billed record (Inflight.usage); one that carries none billed only
+    # its prompt.
+    usage = RequestUsage.from_json(event.get("usage"), prompt_tokens=len(req.prompt_token_ids))
+    n = usage.completion_tokens
     tpot = None
     if first is not None and n > 1:
         tpot = round((finished - first) * 1000 / (n - 1), 3)
@@ -54,7 +56,7 @@ def usage_record(
         status=STATUS_BY_FINISH_REASON[reason],
         finish_reason=reason,
         error=event["message"] if event["type"] == "error" else None,
-        counts=counts,
+        counts=usage.to_json(),
         queue_ms=_ms(arrival, scheduled if scheduled is not None else finished),
         ttft_ms=_ms(arrival, first),
         tpot_ms=tpot,
