@@ -1,6 +1,6 @@
 # A request's usage: the one typed record of its counters from the engine to its usage_records
 # row. The engine fills it from the request's counters (engine/core/step_outputs.py); the
-# worker bills it (workers/inflight.py) and puts its JSON on the final event and in the metering
+# worker bills it (workers/gpu/inflight.py) and puts its JSON on the final event and in the metering
 # record; metering writes each counter to the usage_records column of the same name (it imports
 # no engine, so it carries the counters by name and never lists them); the OpenAI usage and the
 # streamed chunk's usage are views of it (service/schemas/usage.py). Torch-free: service/
