@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.prefill_cases import time_ms
+from benchmarks.sweeps.prefill_cases import time_ms
 from engine import EngineConfig, LLMEngine, SamplingParams
 
 # Kernel name fragments → family (first match wins; names are lower-cased).

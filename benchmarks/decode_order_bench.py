@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decode_split_sweep import HKV, D, make_inputs
-from benchmarks.prefill_cases import graph_time_ms
+from benchmarks.sweeps.decode_split_sweep import HKV, D, make_inputs
+from benchmarks.sweeps.prefill_cases import graph_time_ms
 from kernels import paged_decode_attention as pda
 
 

@@ -4,7 +4,7 @@
     python -m benchmarks.kernel_bench --smoke           # tiny shapes; CPU: TRITON_INTERPRET=1
     python -m benchmarks.kernel_bench --only prefill_sweep --json OUT.json  # opt-in section
 
-The prefill_sweep section (benchmarks/prefill_sweep.py; not in the default run) probes every
+The prefill_sweep section (benchmarks/sweeps/prefill_sweep.py; not in the default run) probes every
 dense prefill attention variant in a child process, then checks and times the survivors on
 1 x 8192 causal and the best ones on the other prefill shapes.
 
@@ -577,7 +577,7 @@ class Bench:
 
     # -- every dense prefill variant, each probed in a child process first ----------------------
     def bench_prefill_sweep(self) -> None:
-        from benchmarks.prefill_sweep import run_sweep
+        from benchmarks.sweeps.prefill_sweep import run_sweep
 
         self.prefill_sweep = run_sweep(self.matmul_tflops, self.smoke)
 
@@ -725,7 +725,7 @@ class Bench:
     def bench_skinny_gemm(self) -> None:
         """kernels/skinny_gemm.py (its default config) against F.linear (cuBLAS) at llama-3.1-8b's
         projections; rate: the weight streamed per call against the copy ceiling. One weight,
-        so part of it may sit in L2 between calls: benchmarks/skinny_gemm_sweep.py times the
+        so part of it may sit in L2 between calls: benchmarks/sweeps/skinny_gemm_sweep.py times the
         layer sequence cold, this is the quick check."""
         shapes = [("o", 4096, 4096), ("down", 4096, 14336), ("gate_up", 28672, 4096)]
         if self.smoke:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.prefill_cases import graph_time_ms
+from benchmarks.sweeps.prefill_cases import graph_time_ms
 from engine.core.prefix_groups import find_prefix_groups
 from kernels import paged_decode_attention as pda
 from kernels.shared_prefix_decode import PrefixGroups, shared_prefix_decode_attention

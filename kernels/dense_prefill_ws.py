@@ -312,8 +312,8 @@ def ws_chunk(q, k, v, query_start_loc, max_query_len, qk_scale, out, cfg, *, lse
              warp_specialize=True) -> torch.Tensor:  # fmt: skip
     """The chunk kernel alone: attention of each chunk over its own keys into `out`, its
     log2-sum-exp2 into `lse` (a new scratch if None), which it returns. warp_specialize=False
-    compiles the same kernel without the warp specialization (benchmarks/prefill_ws_diagnose.py
-    runs both)."""
+    compiles the same kernel without the warp specialization
+    (benchmarks/sweeps/prefill_ws_diagnose.py runs both)."""
     num_tokens, num_heads, head_dim = q.shape
     num_seqs, num_kv_heads = query_start_loc.shape[0] - 1, k.shape[1]
     upcast, precision = dot_config(q.dtype)

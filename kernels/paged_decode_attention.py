@@ -332,7 +332,7 @@ NUM_STAGES = 3
 # (keys per tile, warps, stages) for an e4m3 cache; None: the 16-bit values above. A tile of
 # e4m3 keys is half the bytes of a 16-bit one for the same per-key work (the dot over the group
 # padded to 16 rows, exp2), so the kernel is bound by that work, not by bytes: on the H200
-# (benchmarks/decode_fp8_sweep.py, 2026-12-01) every e4m3 tile took at best the bf16 kernel's
+# (benchmarks/sweeps/decode_fp8_sweep.py, 2026-12-01) every e4m3 tile took at best the bf16 kernel's
 # time (~0.25 ms per layer for 2M keys x heads), 128 keys / 4 warps / 3 stages 9 % less than the
 # 16-bit tile over four shapes.
 FP8_LAUNCH: tuple[int, int, int] | None = (128, 4, 2)
@@ -406,10 +406,10 @@ def balanced_num_splits(
       * STRAGGLER_FACTOR x longest / (keys per program slot): a long row's range must be short
         beside what every slot does anyway, or the kernel waits for it.
     Assumes the rows launch longest first (seq_order, as the engine passes it). Measured on an
-    H200 (benchmarks/decode_split_sweep.py, rows longest first): from batch 96 to 256 with rows
-    uniform in [c/2, 3c/2] for c = 400 ... 8,000 one split is fastest or within 2 % (batch 128
-    of [350, 1050]: 0.102 ms a layer, 2 splits with the reduce 0.110); batch 96 with rows of
-    2,400 and one of 30,000 needs 16 (0.341 ms; 1 split 0.945). With `candidates` (counts
+    H200 (benchmarks/sweeps/decode_split_sweep.py, rows longest first): from batch 96 to 256
+    with rows uniform in [c/2, 3c/2] for c = 400 ... 8,000 one split is fastest or within 2 %
+    (batch 128 of [350, 1050]: 0.102 ms a layer, 2 splits with the reduce 0.110); batch 96 with
+    rows of 2,400 and one of 30,000 needs 16 (0.341 ms; 1 split 0.945). With `candidates` (counts
     captured in CUDA graphs, ascending): the smallest that reaches the count, else the largest.
     """
     if not seq_lens:

@@ -98,10 +98,10 @@ def block_m_for(m: int) -> int:
 def default_config(
     m: int, n: int, k: int, num_sms: int = 132, w_bytes: int = 2, x_bytes: int = 2
 ) -> SkinnyConfig:
-    """The H200 sweep's choice (benchmarks/skinny_gemm_sweep.py, docs/benchmarks-log.md): tiles of
-    64 weight rows × 128 of K, 4 warps; K split in two while that keeps the programs within one
-    wave (the 4,096-row o and down projections: 64 tiles → 128 programs; 6,144 rows already
-    fill it); 5 stages in flight when the programs are few, 3 when there are waves of them.
+    """The H200 sweep's choice (benchmarks/sweeps/skinny_gemm_sweep.py, docs/benchmarks-log.md):
+    tiles of 64 weight rows × 128 of K, 4 warps; K split in two while that keeps the programs
+    within one wave (the 4,096-row o and down projections: 64 tiles → 128 programs; 6,144 rows
+    already fill it); 5 stages in flight when the programs are few, 3 when there are waves of them.
     One-byte weights take K tiles twice as long, so a stage still carries 16 KB of weight."""
     block_n, block_k = 64, 128 * 2 // w_bytes
     block_m = block_m_for(m)

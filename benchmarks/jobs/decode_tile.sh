@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One H200, one call (~4 min): the bf16 decode tile sweep (benchmarks/decode_tile_sweep.py), then
+# One H200, one call (~4 min): the bf16 decode tile sweep (benchmarks/sweeps/decode_tile_sweep.py), then
 # `nano` once with the default tile and once with the sweep's best for nano's shapes (the
 # kernel's module constants set before the engine starts; the engine itself never reads them
 # from anywhere else).
 set -u
 export PYTHONUNBUFFERED=1
 stamp() { echo "[$(date +%H:%M:%S)] $*"; }
-PYTHONPATH=$PWD timeout 120 python3 -m benchmarks.decode_tile_sweep --json "$OUT/decode_tile_sweep.json" \
+PYTHONPATH=$PWD timeout 120 python3 -m benchmarks.sweeps.decode_tile_sweep --json "$OUT/decode_tile_sweep.json" \
   --best-to "$OUT/best_tile.txt" > "$OUT/decode_tile_sweep.log" 2>&1
 stamp "sweep rc=$?"; cat "$OUT/decode_tile_sweep.log"
 best=$(cat "$OUT/best_tile.txt" 2>/dev/null || echo "64 4 3")

@@ -23,7 +23,7 @@ timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels \
   tests/engine/test_gpu_paths.py tests/engine/test_overlap_gpu.py \
   ${GPU_TESTS:-} > "$R/gpu_tests.log" 2>&1
 stamp "tests rc=$?"; tail -6 "$R/gpu_tests.log"
-timeout 150 python3 -m benchmarks.decode_fp8_sweep --heads 64 --kv-heads 8 --widen fp16,q \
+timeout 150 python3 -m benchmarks.sweeps.decode_fp8_sweep --heads 64 --kv-heads 8 --widen fp16,q \
   --shapes 64:2048,128:2048,256:1024 --json "$R/decode_fp8_sweep_70b_widen.json" \
   > "$R/decode_fp8_sweep_70b_widen.log" 2>&1
 stamp "widen sweep rc=$?"; grep -A12 "^fastest" "$R/decode_fp8_sweep_70b_widen.log"

@@ -2,7 +2,7 @@
 # One H200 (~9 min, start/collect through benchmarks/device_jobs.sh): the 70B's FP8 decode path.
 #   1. kernels/skinny_gemm.py's tests compiled on the GPU (the e4m3 weight forms among them);
 #   2. the skinny GEMM's e4m3 sweep at llama-3.1-70b's projections against the activation
-#      quantization + torch._scaled_mm (benchmarks/skinny_gemm_sweep.py --fp8);
+#      quantization + torch._scaled_mm (benchmarks/sweeps/skinny_gemm_sweep.py --fp8);
 #   3. the 70B FP8 decode step kernel by kernel against its bandwidth floor
 #      (benchmarks/decode_breakdown.py, e4m3 weights and KV cache, ~2k context).
 #   benchmarks/device_jobs.sh start benchmarks/jobs/fp8_decode.sh; WAIT_S=500 ... collect
@@ -16,7 +16,7 @@ nvidia-smi -L
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py \
   > "$R/skinny_tests.log" 2>&1
 stamp "tests rc=$?"; tail -3 "$R/skinny_tests.log"
-timeout "${SWEEP_S:-330}" python3 -m benchmarks.skinny_gemm_sweep --model llama-3.1-70b --fp8 \
+timeout "${SWEEP_S:-330}" python3 -m benchmarks.sweeps.skinny_gemm_sweep --model llama-3.1-70b --fp8 \
   --ms "${MS:-1,32,64,128,256}" --shapes "${SHAPES:-qkv,o,gate_up,down}" \
   --grid "${GRID:-$GRID_DEFAULT}" \
   --json "$R/skinny_fp8_sweep_70b.json" > "$R/skinny_fp8_sweep_70b.log" 2>&1

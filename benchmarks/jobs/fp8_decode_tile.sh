@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One H200: the e4m3 decode tile sweep (benchmarks/decode_fp8_sweep.py), then the bare engine with
+# One H200: the e4m3 decode tile sweep (benchmarks/sweeps/decode_fp8_sweep.py), then the bare engine with
 # FP8 weights + FP8 KV on `seed` at $RATES (default 12 req/s, 60 s of arrivals; the same requests
 # as one_gpu_round.sh) with the sweep's best tile set before the engine captures its graphs.
 # Run through benchmarks/device_jobs.sh; results in $JOBS/results.
 . benchmarks/jobs/common.sh
 stamp "sweep"
-PYTHONPATH=$PWD python3 -m benchmarks.decode_fp8_sweep --json "$R/decode_fp8_sweep.json" \
+PYTHONPATH=$PWD python3 -m benchmarks.sweeps.decode_fp8_sweep --json "$R/decode_fp8_sweep.json" \
   > "$R/decode_fp8_sweep.log" 2>&1
 stamp "sweep rc=$?"; tail -7 "$R/decode_fp8_sweep.log"
 tile=$(python3 -c "import json; print(','.join(map(str, json.load(open('$R/decode_fp8_sweep.json'))['best_tile'])))") || exit 1

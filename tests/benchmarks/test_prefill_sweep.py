@@ -1,5 +1,6 @@
-# benchmarks/prefill_sweep.py in its --smoke form (CPU interpreter, tiny shapes): every variant is
-# probed in a child, checked and timed; a variant whose child fails is reported, not fatal.
+# benchmarks/sweeps/prefill_sweep.py in its --smoke form (CPU interpreter, tiny shapes): every
+# variant is probed in a child, checked and timed; a variant whose child fails is reported, not
+# fatal.
 import json
 import os
 import subprocess
@@ -17,12 +18,12 @@ def test_prefill_sweep_smoke(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     out = tmp_path / "sweep.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.prefill_sweep", "--smoke", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.sweeps.prefill_sweep", "--smoke", "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = json.loads(out.read_text())["prefill_sweep"]
-    from benchmarks.prefill_cases import variants
+    from benchmarks.sweeps.prefill_cases import variants
 
     rows = {r["variant"]: r for r in sweep["rows"]}
     assert set(variants(smoke=True)) | {"paged"} == set(rows)
@@ -35,7 +36,7 @@ def test_prefill_sweep_smoke(tmp_path):
 
 
 def test_prefill_sweep_reports_a_failing_probe():
-    from benchmarks.prefill_sweep import measure, probe
+    from benchmarks.sweeps.prefill_sweep import measure, probe
 
     res = probe(["no such variant"], [[1, 0, 80]], True, time.monotonic() + 120)
     assert "KeyError" in res["no such variant"]["error"]

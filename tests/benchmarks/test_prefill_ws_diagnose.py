@@ -1,5 +1,5 @@
-# benchmarks/prefill_ws_diagnose.py: its row classification on made-up outputs, a hanging child
-# reported (not fatal), and the whole run in its --smoke form (CPU interpreter, tiny shapes).
+# benchmarks/sweeps/prefill_ws_diagnose.py: its row classification on made-up outputs, a hanging
+# child reported (not fatal), and the whole run in its --smoke form (CPU interpreter, tiny shapes).
 import json
 import os
 import signal
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import prefill_ws_diagnose as diag
+from benchmarks.sweeps import prefill_ws_diagnose as diag
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_sigterm_takes_the_running_child(tmp_path):
     pid_file = tmp_path / "child.pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     parent = (
-        "import signal, sys; from benchmarks import prefill_ws_diagnose as d; "
+        "import signal, sys; from benchmarks.sweeps import prefill_ws_diagnose as d; "
         "signal.signal(signal.SIGTERM, d._on_sigterm); "
         f"d.run_case({{'case': [1, 0, 8]}}, 60.0, True, cmd=[sys.executable, '-c', {child!r}])"
     )
@@ -119,7 +119,8 @@ def test_prefill_ws_diagnose_smoke(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     out = tmp_path / "diagnose.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.prefill_ws_diagnose", "--smoke", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.sweeps.prefill_ws_diagnose", "--smoke",
+         "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

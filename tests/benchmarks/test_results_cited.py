@@ -13,7 +13,7 @@ def citing_text() -> str:
     sources = [
         *sorted((ROOT / "docs").glob("*.md")),
         ROOT / "README.md",
-        *sorted((ROOT / "benchmarks").glob("*.py")),
+        *sorted((ROOT / "benchmarks").rglob("*.py")),
         *sorted((ROOT / "benchmarks" / "jobs").glob("*.sh")),
     ]
     return "\n".join(path.read_text(encoding="utf-8") for path in sources)

@@ -3,14 +3,14 @@ GPU. The H200 sweep of 2026-12-01 (benchmarks/results/prefill_sweep_h200_2026-12
 every warp_spec variant without host descriptors returning NaN on 1 x 8192 causal (Llama-3.1-8B
 heads, q/k/v views of one fused qkv buffer) while the CPU interpreter passes every test.
 
-    PYTHONPATH=$PWD python3 -m benchmarks.prefill_ws_diagnose --json OUT.json [--dump DIR]
-    PYTHONPATH=$PWD python3 -m benchmarks.prefill_ws_diagnose --smoke   # CPU, TRITON_INTERPRET
+    PYTHONPATH=$PWD python3 -m benchmarks.sweeps.prefill_ws_diagnose --json OUT.json [--dump DIR]
+    python3 -m benchmarks.sweeps.prefill_ws_diagnose --smoke   # CPU, TRITON_INTERPRET
 
 Each case (1 x 8192, 1 x 256, 1 x 1000, 2 x 512 causal; then 2 x 384 after a 512-token cached
 prefix, the only one the merge kernel works on) runs in a child process of its own under a
 timeout: a hang or a crash is reported with the last step the child reached, and the next case
-runs. Inputs are the sweep's (benchmarks/prefill_cases.make_inputs, seed --seed). Variants, in
-this order, on one config (--config, default 128/128/4/2, always warp_spec):
+runs. Inputs are the sweep's (benchmarks/sweeps/prefill_cases.make_inputs, seed --seed).
+Variants, in this order, on one config (--config, default 128/128/4/2, always warp_spec):
   plain     the default, non-warp-specialized kernel: checks the reference and the inputs
   ws-off    the chunk kernel compiled with warp_specialize=False: if it is right and ws is
             wrong, the warp specialization pass is to blame, not the kernel's arithmetic
@@ -44,12 +44,12 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 LOG2E = 1.4426950408889634
 SENTINEL = 1000.0  # out before each call (exact in bf16/fp16; |attention output| <= max |v|)
 LSE_SENTINEL = 12345.0  # the lse scratch before each call
-MAX_ABS = 0.0625  # as benchmarks/prefill_cases.py: bf16 outputs, fp32 reference
+MAX_ABS = 0.0625  # as benchmarks/sweeps/prefill_cases.py: bf16 outputs, fp32 reference
 LSE_TOL = 1e-2
 EXAMPLES = 20
 CASES = [(1, 0, 8192), (1, 0, 256), (1, 0, 1000), (2, 0, 512), (2, 512, 384)]
@@ -374,7 +374,7 @@ def child_main(spec: dict[str, Any]) -> int:
     smoke, case = spec["smoke"], tuple(spec["case"])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False
-    from benchmarks import prefill_cases as cases
+    from benchmarks.sweeps import prefill_cases as cases
     from kernels import dense_prefill_ws as ws
 
     cfg = parse_config(spec["config"])

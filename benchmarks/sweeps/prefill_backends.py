@@ -6,7 +6,7 @@ the Triton kernel's output (itself checked against the fp32 reference in tests) 
 CUDA events after an L2 flush (prefill_cases.time_ms); TFLOP/s count the causal half (QK^T
 and PV), as kernel_bench.py.
 
-    python -m benchmarks.prefill_backends --json OUT.json   # CUDA only
+    python -m benchmarks.sweeps.prefill_backends --json OUT.json   # CUDA only
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.prefill_cases import flops as causal_flops  # noqa: E402
-from benchmarks.prefill_cases import time_ms  # noqa: E402
+from benchmarks.sweeps.prefill_cases import flops as causal_flops  # noqa: E402
+from benchmarks.sweeps.prefill_cases import time_ms  # noqa: E402
 from kernels.dense_prefill_attention import dense_prefill_attention  # noqa: E402
 
 H, HKV, D, BS = 32, 8, 128, 16
-DIMS = (H, HKV, D, BS)  # as benchmarks/prefill_cases.py
+DIMS = (H, HKV, D, BS)  # as benchmarks/sweeps/prefill_cases.py
 SHAPES = [(1, 0, 8192), (1, 0, 4096), (4, 0, 2048), (16, 0, 512), (4, 1200, 800),
           (4, 3584, 512), (16, 1024, 128), (1, 16384, 8192)]  # fmt: skip
 

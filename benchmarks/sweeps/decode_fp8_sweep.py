@@ -5,7 +5,7 @@
 # 3 stages) read an e4m3 cache at 1.6 TB/s against 4.1 TB/s for bf16 (kernels_fp8_h200.json).
 # The first of TILES is that 16-bit tile; the shipped e4m3 choice is pda.FP8_LAUNCH.
 # Every variant is checked against the torch reference first; one table, fastest per shape, JSON.
-#   python -m benchmarks.decode_fp8_sweep --json out.json
+#   python -m benchmarks.sweeps.decode_fp8_sweep --json out.json
 # Without a GPU (TRITON_INTERPRET=1) it runs two tiny shapes and a few tiles, timing one call by
 # the wall clock: a check of the script, not a measurement.
 from __future__ import annotations

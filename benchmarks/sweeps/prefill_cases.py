@@ -1,4 +1,4 @@
-"""What benchmarks/prefill_sweep.py measures and how: the dense prefill attention variants
+"""What benchmarks/sweeps/prefill_sweep.py measures and how: the dense prefill attention variants
 (labels -> PrefillConfig), their inputs (q/k/v views of one fused qkv buffer, a shuffled paged
 cache), the torch reference and the check against it, the CUDA-event timer, and FLOP counts.
 Imports only torch and kernels.*; used by the sweep's process and its probe children.
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGET_PCT = 70.0
 FINALISTS = 3  # fastest variants timed on the other shapes, beside the default

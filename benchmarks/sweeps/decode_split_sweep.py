@@ -8,7 +8,7 @@
 # checked against the torch reference first. What balanced_num_splits picks over the counts the
 # engine captures is shown beside the best, and what the rule before it (longest / mean, counts
 # x1/x4/x16) picked.
-#   python -m benchmarks.decode_split_sweep --json out.json
+#   python -m benchmarks.sweeps.decode_split_sweep --json out.json
 # Without a GPU (TRITON_INTERPRET=1) it runs two tiny shapes: a check of the script only.
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.prefill_cases import graph_time_ms
+from benchmarks.sweeps.prefill_cases import graph_time_ms
 from kernels import paged_decode_attention as pda
 
 H, HKV, D, BS = 32, 8, 128, 16  # Llama-3.1-8B attention, block 16

@@ -4,7 +4,7 @@
 # the split rule and never swept for 16-bit caches (decode_fp8_sweep.py swept e4m3 tiles). Each
 # case is a CUDA-graph replay after an L2 flush, at the split count the engine picks, checked
 # against the torch reference (decode_split_sweep.timed).
-#   python -m benchmarks.decode_tile_sweep --json out.json [--best-to FILE]
+#   python -m benchmarks.sweeps.decode_tile_sweep --json out.json [--best-to FILE]
 # --best-to writes the tile with the lowest summed time over the nano shapes as "n w s" (for a
 # job that then runs the engine with it).
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decode_split_sweep import HKV, make_inputs, timed
+from benchmarks.sweeps.decode_split_sweep import HKV, make_inputs, timed
 from kernels import paged_decode_attention as pda
 
 TILES = [(64, 4, 3), (64, 4, 4), (64, 4, 2), (128, 4, 3), (128, 4, 2), (128, 8, 3), (32, 4, 4),

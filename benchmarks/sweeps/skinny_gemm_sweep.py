@@ -5,8 +5,8 @@
 # weight cold, read once), after an L2 flush; each Triton config is checked against F.linear
 # first. Reports per-call ms, the weight-streaming rate against the measured copy ceiling, the
 # best config per shape and cuBLAS beside it.
-#   python -m benchmarks.skinny_gemm_sweep --json out.json [--ms 1,16,32,64,128] [--workers 14]
-#       [--model llama-3.1-70b] [--fp8]
+#   python -m benchmarks.sweeps.skinny_gemm_sweep --json out.json [--ms 1,16,32,64,128]
+#       [--workers 14] [--model llama-3.1-70b] [--fp8]
 # Compiles run first in a pool of processes (Triton's disk cache then serves the timing process).
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.prefill_cases import cuda_graph_of, time_ms
+from benchmarks.sweeps.prefill_cases import cuda_graph_of, time_ms
 from kernels import skinny_gemm as sg
 
 # one GPU: (name, N, K) per model

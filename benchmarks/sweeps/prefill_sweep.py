@@ -2,7 +2,7 @@
 matmul ceiling on 1 x 8192 causal, Llama-3.1-8B heads, q/k/v views of one fused qkv buffer).
 
     PYTHONPATH=$PWD python3 -m benchmarks.kernel_bench --only prefill_sweep --json OUT.json
-    PYTHONPATH=$PWD python3 -m benchmarks.prefill_sweep --json OUT.json   # the same
+    PYTHONPATH=$PWD python3 -m benchmarks.sweeps.prefill_sweep --json OUT.json   # the same
     python3 -m benchmarks.kernel_bench --only prefill_sweep --smoke        # CPU, TRITON_INTERPRET
 
 1. Probe: every variant is launched once on 1 x 8192 in a child process of its own, several at
@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks import prefill_cases as cases  # noqa: E402
+from benchmarks.sweeps import prefill_cases as cases  # noqa: E402
 
 PROBE_TIMEOUT_S = 90.0  # one variant's compile and first launch in a child (cold: ~10-30 s)
 PARALLEL = max(1, min(8, (os.cpu_count() or 2) // 2))  # children at once
@@ -91,7 +91,7 @@ def probe(labels: list[str], shapes: list, smoke: bool, deadline: float) -> dict
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "benchmarks.prefill_sweep", "--probe", spec],
+                [sys.executable, "-m", "benchmarks.sweeps.prefill_sweep", "--probe", spec],
                 cwd=ROOT, env=env,
                 capture_output=True, text=True, timeout=timeout,
             )  # fmt: skip

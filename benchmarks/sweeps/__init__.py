@@ -1,0 +1,1 @@
+# Kernel configuration sweeps and their helpers: python -m benchmarks.sweeps.<name>.
