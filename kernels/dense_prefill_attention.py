@@ -27,7 +27,7 @@
 #   so the blocks the GPU dispatches first are the last query rows (most keys) of every head
 #   and sequence, and the cheap first tiles fill the tail of the last wave.
 # * Fixed launch configuration (no autotuning): deterministic, and safe to capture in a CUDA
-#   graph; the grid depends only on host ints. kernel_bench.py sweeps the alternatives.
+#   graph; the grid depends only on host ints. kernel_bench/prefill.py times the alternatives.
 # * Variants by PrefillConfig: tma (above), maxnreg (a register cap: 128 fits two 8-warp programs
 #   per SM), warp_spec (kernels/dense_prefill_ws.py: producer/consumer warpgroups, the cached
 #   prefix merged by a second kernel), lazy (the chunk tiles rescale acc / l only when a row's

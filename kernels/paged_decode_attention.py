@@ -325,7 +325,7 @@ def _decode_reduce_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launcher
 # ---------------------------------------------------------------------------------------------
-# Launch parameters (untuned defaults; benchmarks/kernel_bench.py measures them on a GPU).
+# Launch parameters (untuned defaults; benchmarks/kernel_bench/decode.py measures them on a GPU).
 BLOCK_N_DEFAULT = 64  # keys per tile (32 when head_dim > 128)
 NUM_WARPS = 4
 NUM_STAGES = 3

@@ -295,7 +295,7 @@ def _prefill_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launcher
 # ---------------------------------------------------------------------------------------------
-# Launch parameters (untuned defaults; benchmarks/kernel_bench.py measures them on a GPU).
+# Launch parameters (untuned defaults; benchmarks/kernel_bench/prefill.py measures them on a GPU).
 BLOCK_M_16BIT = 128  # rows per program for bf16/fp16 with head_dim <= 128
 BLOCK_M_32BIT = 64  # rows per program otherwise (fp32 tiles need twice the shared memory)
 BLOCK_N_DEFAULT = 64  # keys per tile (32 when head_dim > 128)

@@ -84,7 +84,7 @@ def _silu_and_mul_kernel(
 # row in one program's registers: 28,672 floats = 112 KiB per program, it would spill. The
 # separate quantize_fp8 also runs one program per row over this row, so this moves the silu into
 # it and drops the product's write and re-read. A 1-row step runs one program (~230 KB of loads
-# through one SM); benchmarks/kernel_bench.py's fp8 section times it against the two kernels.
+# through one SM); benchmarks/kernel_bench/fp8.py times it against the two kernels.
 @triton.jit
 def _silu_and_mul_fp8_kernel(
     x_ptr,  # [num_rows, 2 * inter]: gate in [:, :inter], up in [:, inter:]

@@ -4,7 +4,7 @@
 #   1. GPU tests: the fused kernels bit for bit against rms_norm / silu_and_mul + quantize_fp8,
 #      and the FP8 engine's greedy output with and without the fusion (CUDA graphs);
 #   2. the fused kernels against the two launches they replace, at the 70B's widths and 1-64
-#      rows (benchmarks/kernel_bench.py, fp8 section);
+#      rows (benchmarks/kernel_bench/fp8.py);
 #   3. a 70B FP8 decode step kernel by kernel, fused and then unfused (--unfused-fp8-quant), at
 #      the batch sizes the fusion covers (<= FP8_SKINNY_MAX_ROWS = 64) and 2k context.
 #   benchmarks/device_jobs.sh start benchmarks/jobs/fp8_fused_quant.sh; WAIT_S=560 ... collect

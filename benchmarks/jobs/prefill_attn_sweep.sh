@@ -6,7 +6,7 @@
 # then every dense prefill attention variant (kernels/dense_prefill_attention.py CONFIGS_TO_SWEEP,
 # lazy-rescale ones included, and CONFIGS_WARP_SPEC) on 1 x 8192 causal against the bf16 matmul
 # ceiling of the same run (issue 15: >= 70 %), then the default and the fastest on the other
-# prefill shapes (benchmarks/sweeps/prefill_sweep.py through kernel_bench.py). A variant that fails to
+# prefill shapes (benchmarks/sweeps/prefill_sweep.py through benchmarks.kernel_bench). A variant that fails to
 # compile, launch or finish is reported and skipped. About 4-6 minutes, at most 90 + 60 + 340 s:
 # the diagnostics are cut at 90 and 60 s, the sweep time-boxes its phases (PHASES in
 # prefill_sweep.py) and is cut at 340 s.
@@ -19,7 +19,7 @@
 #   prefill_sweep.log (every row as measured, then the summary), gpu.txt (clocks, power),
 #   prefill_sweep_partial.json (rows so far and the one running: kept if the job is cut).
 # DIAGNOSE_ARGS: more prefill_ws_diagnose.py arguments (e.g. --config "128/64/4/2");
-# SKIP_TMA_DIAGNOSE=1: not the second diagnostic; SKIP_SWEEP=1: the diagnostics only. SWEEP_ARGS: more kernel_bench.py arguments (--smoke: a CPU
+# SKIP_TMA_DIAGNOSE=1: not the second diagnostic; SKIP_SWEEP=1: the diagnostics only. SWEEP_ARGS: more benchmarks.kernel_bench arguments (--smoke: a CPU
 # dry run under TRITON_INTERPRET=1).
 set -u
 R=${JOBS:-/tmp/fleetlm-jobs}/results

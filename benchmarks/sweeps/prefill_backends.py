@@ -4,7 +4,7 @@ packed batch, with any cached prefix gathered out of the paged cache first, or r
 through a block table where the installed torch supports it). Every variant is checked against
 the Triton kernel's output (itself checked against the fp32 reference in tests) and timed with
 CUDA events after an L2 flush (prefill_cases.time_ms); TFLOP/s count the causal half (QK^T
-and PV), as kernel_bench.py.
+and PV), as benchmarks/kernel_bench.
 
     python -m benchmarks.sweeps.prefill_backends --json OUT.json   # CUDA only
 """

@@ -11,7 +11,7 @@ matmul ceiling on 1 x 8192 causal, Llama-3.1-8B heads, q/k/v views of one fused 
 2. In this process each surviving variant is checked against the torch reference on its whole
    output (max abs error and relative L2 error), then timed: CUDA events around each call, L2
    flushed before it, warm-up, median of >= 20 calls. The matmul ceiling comes from the same run
-   (kernel_bench's measure_peaks); PyTorch SDPA (flash) and the paged kernel for reference.
+   (kernel_bench's Bench.measure_peaks); PyTorch SDPA (flash) and the paged kernel for reference.
 3. The default, the FINALISTS fastest and the fastest of each family (warp-specialized or not)
    are probed, checked (first and last rows of every sequence, every row finite) and timed on
    the other shapes of docs/benchmarks-log.md, so that no shape regresses. Ends with a summary: the
@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if argv[:1] == ["--probe"]:
         return probe_main(json.loads(argv[1]))
-    from benchmarks import kernel_bench
+    from benchmarks.kernel_bench.driver import main as kernel_bench_main
 
-    return kernel_bench.main(["--only", "prefill_sweep", *argv])
+    return kernel_bench_main(["--only", "prefill_sweep", *argv])
 
 
 if __name__ == "__main__":
