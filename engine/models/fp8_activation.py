@@ -27,6 +27,12 @@ FUSED_MAX_ROWS = FP8_SKINNY_MAX_ROWS
 # Off: every FP8 layer quantizes its own input (tests compare the two; benchmarks/
 # decode_breakdown.py --unfused-fp8-quant times the step without fusion).
 FUSE_ACTIVATION_QUANT = True
+# The SiLU-and-mul's fusion is off by default: measured on the H200 (70B FP8, 64 rows, 2k context,
+# benchmarks/decode_breakdown.py), silu_and_mul_fp8 took 1.63 ms a step against 0.31 ms for
+# silu_and_mul plus ~0.24 ms for down_proj's quantize_fp8: one program per row leaves most SMs
+# idle and reads the 28,672-wide row twice. The norm's fusion wins (0.51 ms against 0.44 ms plus
+# ~0.48 ms of quantize_fp8 for qkv and gate_up) and stays on. On: the fused kernel runs (tests).
+FUSE_SILU_MUL_QUANT = False
 
 
 @dataclass(frozen=True, slots=True)

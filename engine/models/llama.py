@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from engine.models import ops
+from engine.models import fp8_activation, ops
 from engine.models.config import ModelConfig
 from engine.models.fp8_activation import Fp8Activation, rms_norm_to_fp8, silu_and_mul_to_fp8
 from engine.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
@@ -124,7 +124,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
-        if self.down_proj.takes_fp8_rows(gate_up):
+        if fp8_activation.FUSE_SILU_MUL_QUANT and self.down_proj.takes_fp8_rows(gate_up):
             act = silu_and_mul_to_fp8(gate_up, *self.down_proj.activation_quant())
             return self.down_proj(act)
         return self.down_proj(ops.silu_and_mul(gate_up))

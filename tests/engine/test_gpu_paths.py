@@ -92,6 +92,7 @@ def test_fp8_fused_activation_quantization_matches_unfused(model_dir, monkeypatc
 
     prompts = _prompts()
     outputs = {}
+    monkeypatch.setattr(fp8_activation, "FUSE_SILU_MUL_QUANT", True)  # off by default (slower)
     for fuse in (True, False):
         monkeypatch.setattr(fp8_activation, "FUSE_ACTIVATION_QUANT", fuse)
         llm = LLM(str(model_dir), device="cuda", dtype=dtype, quantization="fp8",
