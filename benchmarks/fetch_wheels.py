@@ -63,6 +63,9 @@ IMAGE_HAS = set(
         "yarl",
     ]
 )
+# Test-only packages the GPU tests import (tests/engine/test_structured_output.py's validation,
+# which test_overlap_gpu.py loads): carried too, or those tests stop at collection on the box.
+GPU_TEST_ROOTS = ["jsonschema"]
 PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64",
              "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_31_x86_64",
              "manylinux_2_34_x86_64", "manylinux_2_35_x86_64", "manylinux1_x86_64"]  # fmt: skip
@@ -77,7 +80,7 @@ def closure() -> dict[str, str]:
     with each requirement's extras and markers as this interpreter evaluates them. Packages the
     image has are not walked into (their own dependencies come with them there)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    todo = [Requirement(r) for r in project["dependencies"]]
+    todo = [Requirement(r) for r in [*project["dependencies"], *GPU_TEST_ROOTS]]
     seen: dict[str, str] = {}
     extras_done: dict[str, set[str]] = {}
     while todo:
@@ -119,6 +122,12 @@ def main() -> int:
     if args.dry_run:
         return 0
     args.dest.mkdir(exist_ok=True)
+    # A wheel of another version of a package we carry (an earlier run's) would make pip on the
+    # box refuse the set as conflicting: drop it.
+    for old in args.dest.glob("*.whl"):
+        name, version = old.name.split("-")[:2]
+        if norm(name) in need and version != need[norm(name)]:
+            old.unlink()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--python-version", "3.12", "--implementation", "cp", "-d", str(args.dest)]  # fmt: skip
     for p in PLATFORMS:
