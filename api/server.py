@@ -29,14 +29,19 @@ def http_protocol_base() -> type[asyncio.Protocol]:
 
 class HeaderDeadline:
     """Mixed into uvicorn's HTTP protocol (h11 or httptools: both keep `cycle`, `transport`,
-    `loop` and call `on_response_complete`): closes a connection whose request line and headers
-    have not all arrived within `header_timeout_s` of the connection opening, or of the previous
-    response on a kept-alive connection (uvicorn's keep-alive timer stops at the first byte, so a
-    client dripping header bytes would otherwise hold the connection forever). Bodies have their
-    own deadline (api/body_limits.py)."""
+    `loop` and call `data_received` and `on_response_complete`): closes a connection whose request
+    line and headers have not all arrived within `header_timeout_s` of the connection opening, or
+    of the first byte of the next request on a kept-alive connection (uvicorn's keep-alive timer
+    stops at the first byte, so a client dripping header bytes would otherwise hold the connection
+    forever). A kept-alive connection with no bytes at all is uvicorn's keep-alive timer's
+    (`keep_alive_s`): it must outlast the clients' own idle expiry (httpx and the openai SDK drop
+    a pooled connection after 5 s), or a client reusing one just as the server closes it gets
+    "server disconnected" for a request that was never read. Bodies have their own deadline
+    (api/body_limits.py)."""
 
     header_timeout_s = 10.0
     _deadline: asyncio.TimerHandle | None = None
+    _between_requests = False  # a response went out and no byte of the next request came yet
     cycle: Any
     transport: Any
     loop: asyncio.AbstractEventLoop
@@ -45,9 +50,18 @@ class HeaderDeadline:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm_header_deadline()
 
+    def data_received(self, data: bytes) -> None:
+        if self._between_requests:
+            self._between_requests = False
+            self._arm_header_deadline()
+        super().data_received(data)  # type: ignore[misc]
+
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
-        self._arm_header_deadline()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._between_requests = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
@@ -86,6 +100,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, port: int) -> uvicorn.Confi
         http=protocol_for(settings),
         log_level="warning",
         log_config=None,
+        timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=5,
     )
 

@@ -58,7 +58,8 @@ class Settings(BaseSettings):
     # refused before parsing (None: 32 bytes per token of context, at least 1 MiB; uploads to
     # /v1/files are bounded by file_max_bytes instead).
     max_request_bytes: int | None = Field(None, gt=0)
-    header_timeout_s: float = Field(10.0, gt=0)  # request line + headers, from connect/last reply
+    header_timeout_s: float = Field(10.0, gt=0)  # request line + headers, from connect/1st byte
+    keep_alive_s: float = Field(75.0, gt=0)  # an idle kept-alive connection (past clients' 5 s)
     body_timeout_s: float = Field(30.0, gt=0)  # a whole request body, from its headers
     upload_timeout_s: float = Field(600.0, gt=0)  # ... of an upload to /v1/files
     max_stop_chars: int = Field(1024, ge=1)  # each stop string (at most 4, as OpenAI's)

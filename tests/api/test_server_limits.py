@@ -1,7 +1,8 @@
 # The real HTTP server (api/server.py: uvicorn, httptools or h11) in a thread of the test
-# process: a client that never finishes its headers, or drips them, is disconnected; a body that
-# stalls is answered 408 and disconnected; the metrics listener serves /metrics without a key and
-# nothing else.
+# process: a client that never finishes its headers, or drips them, is disconnected; a kept-alive
+# connection idle past the header deadline still serves its next request (clients reuse pooled
+# connections for 5 s) and is closed after the keep-alive; a body that stalls is answered 408 and
+# disconnected; the metrics listener serves /metrics without a key and nothing else.
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
+KEEP_ALIVE_S = 5.0
 
 
 def free_port() -> int:
@@ -49,6 +51,7 @@ def served(services) -> Iterator[Served]:
             "metrics_port": free_port(),
             "header_timeout_s": HEADER_TIMEOUT_S,
             "body_timeout_s": BODY_TIMEOUT_S,
+            "keep_alive_s": KEEP_ALIVE_S,
         }
     )
     app = create_app(settings, services.redis_url, services.database_url)
@@ -89,6 +92,46 @@ def test_headers_dripped_byte_by_byte_are_disconnected(served):
         sock.sendall(b"GET /health HTTP/1.1\r\n")
         deadline = time.monotonic() + 20 * HEADER_TIMEOUT_S
         with pytest.raises(OSError):  # the server closes; a later send fails
+            while time.monotonic() < deadline:
+                sock.sendall(b"X")
+                time.sleep(0.05)
+        assert time.monotonic() < deadline, "still connected long after the header deadline"
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def read_response(sock: socket.socket) -> bytes:
+    received = b""
+    while b"\r\n\r\n" not in received or not received.endswith(b"}"):  # /health's JSON body
+        chunk = sock.recv(65536)
+        assert chunk, f"closed mid-response: {received!r}"
+        received += chunk
+    return received
+
+
+def test_a_kept_alive_connection_outlives_the_header_deadline_then_the_keep_alive_closes_it(served):
+    with connect(served) as sock:
+        sock.sendall(HEALTH)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        # Idle between requests is the keep-alive's, not the header deadline's: a pooled
+        # connection reused after 2.5 header deadlines is served.
+        time.sleep(2.5 * HEADER_TIMEOUT_S)
+        sock.sendall(HEALTH)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        idle_from = time.monotonic()
+        sock.settimeout(6 * KEEP_ALIVE_S)
+        assert read_until_closed(sock) == b""
+        assert time.monotonic() - idle_from >= 0.9 * KEEP_ALIVE_S
+
+
+def test_headers_dripped_on_a_kept_alive_connection_are_disconnected(served):
+    with connect(served) as sock:
+        sock.sendall(HEALTH)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\n")  # the deadline counts from this first byte
+        deadline = time.monotonic() + 0.8 * KEEP_ALIVE_S  # closed by the deadline, not idleness
+        with pytest.raises(OSError):
             while time.monotonic() < deadline:
                 sock.sendall(b"X")
                 time.sleep(0.05)
