@@ -8,13 +8,15 @@
 # working from the cache (with the limits it had) while the database does not answer within
 # `database_timeout_s`; a key never verified gets 503 with Retry-After (it may be valid). One
 # lookup per key at a time: while one hangs on an unresponsive database, other requests with that
-# key use the cache at once instead of queueing behind it.
+# key use the cache at once instead of queueing behind it. A lookup older than the timeout is not
+# joined (it hangs on the outage): once the database is back, the next request looks up afresh.
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
 from collections.abc import Container
+from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -26,6 +28,9 @@ from service.errors import APIError, database_unavailable
 log = logging.getLogger("fleetlm.api")
 
 DATABASE_ERRORS = (DBAPIError, PoolTimeoutError)
+# Lookups run on a few threads of their own: lookups hung on a stopped database (a new one may
+# start per key and timeout) queue there instead of taking threads the rest of the API uses.
+MAX_LOOKUP_THREADS = 8
 
 
 def forbidden(message: str) -> APIError:
@@ -57,7 +62,9 @@ class KeyVerifier:
         self._cache_s, self._stale_s = cache_s, stale_s
         self._timeout_s, self._retry_after_s = timeout_s, retry_after_s
         self._cache: dict[str, tuple[Principal, float]] = {}  # key hash → (principal, verified)
-        self._lookups: dict[str, asyncio.Future] = {}  # key hash → the lookup in flight
+        # key hash → the newest lookup in flight and when it started
+        self._lookups: dict[str, tuple[asyncio.Future, float]] = {}
+        self._threads = ThreadPoolExecutor(MAX_LOOKUP_THREADS, thread_name_prefix="key-lookup")
 
     def _lookup(self, key: str) -> Principal | None:
         with self._sessions() as session, session.begin():
@@ -83,13 +90,9 @@ class KeyVerifier:
         lookup = self._lookups.get(digest)
         if lookup is not None and stale is not None:
             return stale  # a lookup of this key is already waiting on the database
-        if lookup is None:
-            lookup = self._lookups[digest] = asyncio.ensure_future(
-                asyncio.to_thread(self._lookup, key)
-            )
-            lookup.add_done_callback(lambda _: self._lookups.pop(digest, None))
+        deadline = time.monotonic() + self._timeout_s
         try:
-            principal = await asyncio.wait_for(asyncio.shield(lookup), self._timeout_s)
+            principal = await self._looked_up(key, digest, deadline)
         except (*DATABASE_ERRORS, TimeoutError) as exc:
             if stale is not None:
                 log.warning(
@@ -102,3 +105,35 @@ class KeyVerifier:
             raise unauthorized("incorrect API key provided")
         self._cache[digest] = (principal, time.monotonic())
         return principal
+
+    async def _looked_up(self, key: str, digest: str, deadline: float) -> Principal | None:
+        """The key's row, by the lookup of this key in flight or a new one. A lookup older than
+        the timeout is stuck on a database that stopped answering (its callers got 503): after
+        an outage it may still be hanging, or fail later, so a request does not join it; and a
+        joined lookup that failed gets one fresh try of this request's own within its time."""
+        lookup, joined = self._lookup_of(key, digest)
+        try:
+            return await asyncio.wait_for(asyncio.shield(lookup), deadline - time.monotonic())
+        except DATABASE_ERRORS:
+            if not joined or time.monotonic() >= deadline:
+                raise
+        lookup, _ = self._lookup_of(key, digest)
+        return await asyncio.wait_for(asyncio.shield(lookup), deadline - time.monotonic())
+
+    def _lookup_of(self, key: str, digest: str) -> tuple[asyncio.Future, bool]:
+        """(the lookup to await, whether it was already in flight)."""
+        pending = self._lookups.get(digest)
+        if pending is not None and time.monotonic() - pending[1] < self._timeout_s:
+            return pending[0], True
+        return self._start_lookup(key, digest), False
+
+    def _start_lookup(self, key: str, digest: str) -> asyncio.Future:
+        lookup = asyncio.get_running_loop().run_in_executor(self._threads, self._lookup, key)
+        self._lookups[digest] = (lookup, time.monotonic())
+
+        def forget(_: asyncio.Future) -> None:
+            if self._lookups.get(digest, (None,))[0] is lookup:  # not a newer one
+                del self._lookups[digest]
+
+        lookup.add_done_callback(forget)
+        return lookup
