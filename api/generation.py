@@ -59,7 +59,7 @@ async def generate(
             # Bounded as a whole: the API's Redis client waits longer than the timeout for a
             # reply (its relay reads block), and a paused Redis must still get a prompt 503.
             async with asyncio.timeout(state.settings.redis_timeout_s):
-                await state.shedder.admit(state.redis, queued)
+                prediction = await state.shedder.admit(state.redis, queued)
                 headers = await reserve(state, principal, queued)
                 try:
                     lease = await state.leases.open(queued.request_id)
@@ -92,6 +92,9 @@ async def generate(
         },
     )
     headers["x-request-id"] = queued.request_id
+    # What admission forecast for its first token (api/load_shedding.py), against which a client
+    # or a benchmark can hold what it measured.
+    headers["x-fleetlm-predicted-ttft"] = f"{prediction.ttft_s:.3f}"
     choices = Choices(fmt, queued.sampling.n)
     if stream:
         usage = ChunkUsage(include_usage, continuous_usage, len(queued.prompt_token_ids))

@@ -13,7 +13,19 @@
 #
 #   wait  = max(0, work ahead + the mean request's work - startable × the mean request's work)
 #           / priced workers
-#   TTFT  = wait + the request's own prefill
+#   TTFT  = wait + first token, on the worker that gets it out soonest:
+#   first = turns × prefill_step_s + seconds of the prompt tokens ahead + of its own
+#           + decode_step_s (the turn that delivers the token)
+#   turns = ⌈(prompt tokens ahead + its own) / prefill_chunk_tokens⌉
+#
+# The prefill term prices prompts as the engine schedules them (workers/gpu/intake_budget.py
+# publishes the numbers): in chunks of at most the step's token budget less the running set's
+# decodes, every chunk in a turn that also carries those decodes (prefill_step_s: a 70B's turn
+# with ~80 running rows costs ~35 ms before its chunk's tokens). Prompt tokens ahead: the
+# engine's running prompts and waiting requests of the priority or higher and the prompts
+# queued ahead of it in Redis (a share per worker), when the request is seated at once
+# (wait = 0); seated later, those took the seats freed before its own and were prefilled
+# meanwhile.
 #
 # Interactive counts interactive work only: workers take it first and the engine gives it the
 # seats and KV of running batch requests, so flex never pushes it back. Flex (service_tier
@@ -68,6 +80,42 @@ class WorkerLoad:
     startable: dict[str, int]  # priority → queue entries it may take now
     waiting_work_s: dict[str, float]  # priority → seconds of work in its engine's waiting queue
     limited_by: str  # waiting | seats | kv
+    decode_step_s: float = 0.0  # its running set's decode turn
+    # Its prefill as scheduled (chunks beside the running set's decodes); None: not published
+    prefill_step_s: float | None = None  # a prompt-carrying turn, less its chunk's tokens
+    prefill_chunk_tokens: int = 1  # prompt tokens a turn carries
+    prefill_tok_s: float = 0.0  # per prompt token
+    prefill_pair_s: float = 0.0  # per causal attention pair
+    prefill_ahead_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+    prefill_ahead_s: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def first_token_s(
+        self, priority: str, prompt_tokens: int, queued_prompts: float | None, mean_prompt: float
+    ) -> float:
+        """From a seat to the first token of a request of `priority` here: the prompt tokens
+        ahead of it (the engine's, by its stats, and `queued_prompts` prompt tokens from Redis
+        of mean prompts; None: seated later, when all of those are done), then its own, in
+        chunks of prefill_chunk_tokens; every chunk's turn costs prefill_step_s (the decodes
+        riding it), then the turn that delivers the token."""
+        if self.prefill_step_s is None:  # a worker that does not publish it: the mean price
+            return prompt_tokens * self.prefill_token_s
+        ahead, ahead_s = 0.0, 0.0
+        if queued_prompts is not None:
+            ahead = self.prefill_ahead_tokens.get(priority, 0) + queued_prompts
+            ahead_s = self.prefill_ahead_s.get(priority, 0.0) + queued_prompts * (
+                self.prefill_tok_s + self.prefill_pair_s * (mean_prompt + 1) / 2
+            )
+        own_s = prompt_tokens * self.prefill_tok_s + self.prefill_pair_s * causal_pairs(
+            prompt_tokens
+        )
+        turns = math.ceil((ahead + prompt_tokens) / max(1, self.prefill_chunk_tokens))
+        return turns * self.prefill_step_s + ahead_s + own_s + self.decode_step_s
+
+
+def causal_pairs(tokens: float) -> float:
+    """Causal attention pairs of a whole prompt (engine/core/step_cost.py's chunk_pairs summed
+    over its chunks, whatever the chunking)."""
+    return tokens * (tokens + 1) / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +159,15 @@ class Load:
         wait = max(0.0, work + mean_work - free) / n
         full = [w for w in self.workers if w.startable.get(priority, 0) == 0]
         reason = "kv" if full and all(w.limited_by == "kv" for w in full) else "ttft"
-        return Prediction(wait + prompt_tokens * prefill_s, reason)
+        # Seated at once: the prompts ahead of it (the engines' and Redis's, shared among the
+        # workers) are prefilled before its own. Seated later: those took the seats that freed
+        # before its own and were prefilled meanwhile.
+        queued_prompts = None if wait else queued * mean_prompt / (mean_prompt + mean_output) / n
+        first = min(
+            w.first_token_s(priority, prompt_tokens, queued_prompts, mean_prompt)
+            for w in self.workers
+        )
+        return Prediction(wait + first, reason)
 
 
 class LoadShedder:
@@ -202,6 +258,9 @@ STATS_FIELDS = [
     "tokens_per_s", "mean_output_tokens", "mean_prompt_tokens", "prefill_token_s",
     "decode_token_s", "startable", "startable_interactive", "limited_by",
     *(f"waiting_work_s_{prio}" for prio in p.PRIORITIES),
+    "decode_step_s", "prefill_step_s", "prefill_chunk_tokens", "prefill_tok_s", "prefill_pair_s",
+    *(f"prefill_ahead_tokens_{prio}" for prio in p.PRIORITIES),
+    *(f"prefill_ahead_s_{prio}" for prio in p.PRIORITIES),
 ]  # fmt: skip
 
 
@@ -219,4 +278,15 @@ def _worker_load(stats: dict) -> WorkerLoad:
         },
         waiting_work_s={prio: number(f"waiting_work_s_{prio}") for prio in p.PRIORITIES},
         limited_by=stats.get("limited_by") or "waiting",
+        decode_step_s=number("decode_step_s"),
+        prefill_step_s=(
+            number("prefill_step_s") if stats.get("prefill_step_s") is not None else None
+        ),
+        prefill_chunk_tokens=max(1, int(number("prefill_chunk_tokens"))),
+        prefill_tok_s=number("prefill_tok_s"),
+        prefill_pair_s=number("prefill_pair_s"),
+        prefill_ahead_tokens={
+            prio: int(number(f"prefill_ahead_tokens_{prio}")) for prio in p.PRIORITIES
+        },
+        prefill_ahead_s={prio: number(f"prefill_ahead_s_{prio}") for prio in p.PRIORITIES},
     )

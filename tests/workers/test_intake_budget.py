@@ -123,3 +123,44 @@ def test_prices_follow_a_machine_that_slows_down():
     for _ in range(100):  # the same turns now take twice as long (a CPU shared under load)
         prices.observe(f, 2 * float(f.vector() @ TRUE))
     assert 1.7 * before < prices.decode_step_s(8, 8 * 32) < 2.3 * before
+
+
+def test_batch_requests_waiting_in_the_engine_leave_the_waiting_room_to_interactive():
+    # The engine's one seat is taken by an interactive request; four batch requests wait for
+    # it in the engine (preempted ones do). They fill the whole waiting room for batch, none
+    # of it for interactive: its arrivals are admitted before them (and take their seats), so
+    # they wait in the engine, not in Redis behind the batch ones.
+    prices, eng = fitted_prices(), engine(max_num_seqs=1)
+    run(eng, 1)
+    for i in range(4):
+        eng.add_request(f"b{i}", list(range(1, 17)), GREEDY, "batch")
+    budget = intake_budget(eng, prices, report(), settings(worker_max_waiting=4))
+    assert budget.room == 0 and budget.limited_by == "waiting"
+    # The TPOT target's 5 seats, less the running interactive request.
+    assert budget.interactive_room == 4
+
+
+def test_the_prefill_ahead_is_priced_as_the_engine_schedules_it():
+    # Two running requests (one decoding, one with 84 of its 100 prompt tokens to go), an
+    # interactive request of 100 tokens and a batch one of 200 waiting.
+    prices, eng = fitted_prices(), engine()
+    run(eng, 1)
+    eng.add_request("long", list(range(200, 300)), GREEDY, "interactive")  # no cache hit
+    eng.scheduler.max_num_batched_tokens = 17  # 1 decode + a 16-token chunk
+    eng.step()
+    eng.add_request("chat", list(range(1, 101)), GREEDY, "interactive")
+    eng.add_request("flex", list(range(1, 201)), GREEDY, "batch")
+    budget = intake_budget(eng, prices, report(), settings())
+    running = eng.scheduler.running
+    assert len(running) == 2 and running[1].num_computed_tokens == 16
+    # A prompt-carrying turn beside the two running rows: 10 ms fixed + 20 ms eager + 5 ms a
+    # row + 1 µs per context token; its chunk: the 17-token budget less the two decode rows.
+    context = sum(r.num_tokens for r in running)
+    assert abs(budget.prefill_step_s - (0.030 + 2 * 0.005 + context * 1e-6)) < 2e-3
+    assert budget.prefill_chunk_tokens == 15
+    assert abs(budget.prefill_tok_s - 1e-4) < 1e-5 and budget.prefill_pair_s < 1e-7
+    assert budget.prefill_ahead_tokens == {"interactive": 84 + 100, "batch": 84 + 100 + 200}
+    assert abs(budget.prefill_ahead_s["batch"] - 384 * 1e-4) < 4e-3
+    fields = budget.fields()
+    assert fields["prefill_ahead_tokens_interactive"] == "184"
+    assert {"prefill_step_s", "prefill_chunk_tokens", "prefill_ahead_s_batch"} <= set(fields)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from engine import LLMEngine
 from engine.core.request import Priority
+from engine.core.step_cost import chunk_pairs
 from service.settings import Settings
 from workers.gpu.load_report import LoadReport
 from workers.gpu.step_prices import StepPrices
@@ -56,6 +57,18 @@ class IntakeBudget:
     # priority → seconds of work waiting in the engine (its prefill and expected output)
     waiting_work_s: dict[str, float] = field(default_factory=dict)
     oldest_waiting_s: float = 0.0  # age of the longest-waiting request in the engine
+    # How a first token waits on prefill here (api/load_shedding.py): prompt chunks of at most
+    # prefill_chunk_tokens a turn, each turn costing prefill_step_s (the running set's decodes
+    # riding it, the fixed and eager parts) plus its tokens and attention pairs.
+    prefill_step_s: float | None = None
+    prefill_chunk_tokens: int = 0
+    prefill_tok_s: float = 0.0  # per prompt token
+    prefill_pair_s: float = 0.0  # per causal attention pair
+    # priority → prompt tokens a new request of that priority finds ahead of it in the engine
+    # (running requests' unfinished prompts, the waiting ones of its priority or higher), and
+    # their tokens' and pairs' seconds
+    prefill_ahead_tokens: dict[str, int] = field(default_factory=dict)
+    prefill_ahead_s: dict[str, float] = field(default_factory=dict)
 
     def fields(self) -> dict[str, str]:
         """For the worker's stats hash (read by api/load_shedding.py)."""
@@ -73,6 +86,14 @@ class IntakeBudget:
             out["decode_step_s"] = f"{self.decode_step_s:.6g}"
         for priority, seconds in self.waiting_work_s.items():
             out[f"waiting_work_s_{priority}"] = f"{seconds:.3f}"
+        if self.prefill_step_s is not None:
+            out["prefill_step_s"] = f"{self.prefill_step_s:.6g}"
+            out["prefill_chunk_tokens"] = str(self.prefill_chunk_tokens)
+            out["prefill_tok_s"] = f"{self.prefill_tok_s:.6g}"
+            out["prefill_pair_s"] = f"{self.prefill_pair_s:.6g}"
+            for priority, tokens in self.prefill_ahead_tokens.items():
+                out[f"prefill_ahead_tokens_{priority}"] = str(tokens)
+                out[f"prefill_ahead_s_{priority}"] = f"{self.prefill_ahead_s[priority]:.4f}"
         return out
 
 
@@ -109,18 +130,25 @@ def intake_budget(
     batch_held, batch_more = outlook[Priority.BATCH]
     interactive_more = outlook[Priority.INTERACTIVE][1]
 
-    def limits_of(others: int, free_blocks: int, more: int) -> dict[str, int]:
+    def limits_of(others: int, free_blocks: int, more: int, waiting: int) -> dict[str, int]:
         held = settings.worker_max_held  # entries it may hold beyond what it can start
         return {
-            "waiting": settings.worker_max_waiting - num_waiting,
+            "waiting": settings.worker_max_waiting - waiting,
             "seats": max_running - others + held,
             "kv": (free_blocks - more - headroom) // per_request + held,
         }
 
     free = bm.num_free_blocks
-    every = limits_of(num_running + num_waiting, free, interactive_more + batch_more)
+    every = limits_of(num_running + num_waiting, free, interactive_more + batch_more, num_waiting)
+    # Batch requests waiting in the engine (preempted ones, mostly) are admitted after every
+    # interactive one: they must not fill the waiting room an interactive arrival needs, or it
+    # waits in Redis behind them.
+    interactive_waiting = len(scheduler.waiting[Priority.INTERACTIVE])
     interactive = limits_of(
-        num_running + num_waiting - len(batch), free + batch_held, interactive_more
+        num_running + num_waiting - len(batch),
+        free + batch_held,
+        interactive_more,
+        interactive_waiting,
     )
     limited_by = min(every, key=every.__getitem__)
     room, interactive_room = max(0, every[limited_by]), max(0, min(interactive.values()))
@@ -143,6 +171,7 @@ def intake_budget(
                 prices.prefill_s(to_prefill) if prices.fitted else to_prefill * prefill_token_s
             )
             work[priority.name.lower()] += prefill + to_decode * decode_token_s
+    prefill = _prefill_outlook(engine, prices) if prices.fitted else {}
     return IntakeBudget(
         room=room,
         interactive_room=interactive_room,
@@ -154,4 +183,39 @@ def intake_budget(
         decode_step_s=decode_step_s,
         waiting_work_s=work,
         oldest_waiting_s=oldest,
+        **prefill,
     )
+
+
+def _prefill_outlook(engine: LLMEngine, prices: StepPrices) -> dict:
+    """IntakeBudget's prefill fields: what a new request's first token waits for here once it
+    has a seat. Running requests' prompt chunks go first in every turn (the scheduler serves
+    the running set before admitting), then the waiting ones, interactive before batch."""
+    scheduler = engine.scheduler
+    tok_s, pair_s = prices.prefill_token_weights()
+
+    def seconds(r) -> float:
+        remaining = r.num_tokens - r.num_computed_tokens
+        return remaining * tok_s + chunk_pairs(remaining, r.num_computed_tokens) * pair_s
+
+    running = [r for r in scheduler.running if r.num_tokens - r.num_computed_tokens > 1]
+    tokens = sum(r.num_tokens - r.num_computed_tokens for r in running)
+    spent = sum(seconds(r) for r in running)
+    ahead_tokens: dict[str, int] = {}
+    ahead_s: dict[str, float] = {}
+    for priority in Priority:  # serving order: interactive, then batch
+        for r in scheduler.waiting[priority]:
+            tokens += r.num_tokens - r.num_computed_tokens
+            spent += seconds(r)
+        ahead_tokens[priority.value], ahead_s[priority.value] = tokens, spent
+    num_running = len(scheduler.running)
+    context = sum(r.num_tokens for r in scheduler.running)
+    return {
+        "prefill_step_s": prices.prefill_step_s(num_running, context),
+        # Decodes take one token each of the turn's budget first.
+        "prefill_chunk_tokens": max(1, scheduler.max_num_batched_tokens - num_running),
+        "prefill_tok_s": tok_s,
+        "prefill_pair_s": pair_s,
+        "prefill_ahead_tokens": ahead_tokens,
+        "prefill_ahead_s": ahead_s,
+    }

@@ -59,6 +59,20 @@ class StepPrices:
         w = self.model.weights
         return self.scale * float(w[1] + w[4] * tokens + w[5] * chunk_pairs(tokens, computed))
 
+    def prefill_step_s(self, rows: int, context: int) -> float:
+        """A turn that carries a prompt chunk beside `rows` decodes holding `context` tokens,
+        less the chunk's own tokens: what every prefill-carrying turn costs whatever its chunk
+        (the decodes riding it, the fixed and eager parts)."""
+        w = self.model.weights
+        base = self.model.predict(StepFeatures(rows, context, 0, 0.0))
+        return self.scale * (base + float(w[1]))
+
+    def prefill_token_weights(self) -> tuple[float, float]:
+        """(seconds per prompt token, seconds per causal attention pair): a prompt's tokens
+        cost `tokens × first + chunk_pairs(...) × second` on top of its turns' bases."""
+        w = self.model.weights
+        return self.scale * float(w[4]), self.scale * float(w[5])
+
     def max_rows(self, target_s: float, context_per_row: float, limit: int) -> int:
         """The largest running set (≤ limit) whose decode turn stays within target_s; never
         below 1, so a machine slower than the target still serves one stream at a time."""

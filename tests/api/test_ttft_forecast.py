@@ -1,0 +1,100 @@
+# The forecast admission refuses on (api/load_shedding.py), as arithmetic: a request seated at
+# once waits for the prompt tokens ahead of it and its own, in chunks, every chunk's turn also
+# carrying the running set's decodes; one seated later waits for a seat first. The numbers are a
+# 70B's shape on one H200 (FP8, ~80 running rows): a prompt-carrying turn costs 50 ms before its
+# chunk, a prompt token 0.1 ms, a decode turn 35 ms.
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from api.load_shedding import Load, WorkerLoad, causal_pairs
+
+STEP_S, TOK_S, DECODE_S, CHUNK = 0.050, 1e-4, 0.035, 4000
+MEAN_PROMPT, MEAN_OUTPUT = 2000.0, 400.0
+MEAN_WORK_S = MEAN_PROMPT * TOK_S + MEAN_OUTPUT * 0.0005
+
+
+def worker(
+    *, startable: int = 4, ahead: dict | None = None, pair_s: float = 0.0, **kw
+) -> WorkerLoad:
+    ahead = ahead or {"interactive": 0, "batch": 0}
+    return WorkerLoad(**{
+        "prefill_token_s": TOK_S, "decode_token_s": 0.0005,
+        "startable": {"interactive": startable, "batch": max(0, startable - 1)},
+        "waiting_work_s": {"interactive": 0.0, "batch": 0.0}, "limited_by": "seats",
+        "decode_step_s": DECODE_S, "prefill_step_s": STEP_S, "prefill_chunk_tokens": CHUNK,
+        "prefill_tok_s": TOK_S, "prefill_pair_s": pair_s,
+        "prefill_ahead_tokens": ahead, "prefill_ahead_s": {k: v * TOK_S for k, v in ahead.items()},
+    } | kw)  # fmt: skip
+
+
+def load(*workers: WorkerLoad, interactive: int = 0, batch: int = 0) -> Load:
+    return Load(
+        queued_tokens={"interactive": interactive, "batch": batch},
+        tokens_per_s=1000.0,
+        mean_output_tokens=MEAN_OUTPUT,
+        mean_prompt_tokens=MEAN_PROMPT,
+        workers=workers,
+    )
+
+
+def test_a_request_seated_at_once_waits_for_its_prefill_turns_and_the_delivering_turn():
+    ttft = load(worker()).predict("interactive", 2000).ttft_s
+    # One 2,000-token chunk: its turn (decodes riding it), its tokens, the turn that delivers.
+    assert ttft == pytest.approx(STEP_S + 2000 * TOK_S + DECODE_S)
+
+
+def test_prompts_queued_ahead_are_prefilled_first_in_turns_that_carry_the_decodes():
+    # Three mean requests queued in Redis (prompt and expected output each), 1,000 prompt
+    # tokens still to prefill in the engine: 1,000 + 6,000 + 2,000 tokens in three turns.
+    queued = int(3 * (MEAN_PROMPT + MEAN_OUTPUT))
+    w = worker(ahead={"interactive": 1000, "batch": 1000})
+    ttft = load(w, interactive=queued).predict("interactive", 2000).ttft_s
+    assert ttft == pytest.approx(3 * STEP_S + 9000 * TOK_S + DECODE_S)
+    # The forecast before the decodes riding the prefill turns were counted: the request's
+    # own prompt alone, well inside the 0.8 s bound the H200 did not keep.
+    assert 2000 * TOK_S < 0.8 < ttft
+
+
+def test_attention_pairs_make_a_long_prompt_cost_more_than_its_tokens():
+    pair_s = 1e-9
+    long = load(worker(pair_s=pair_s)).predict("interactive", 32000).ttft_s
+    turns = math.ceil(32000 / CHUNK)
+    expected = turns * STEP_S + 32000 * TOK_S + causal_pairs(32000) * pair_s + DECODE_S
+    assert long == pytest.approx(expected)
+    assert causal_pairs(100) == 100 * 101 / 2
+
+
+def test_a_request_seated_later_waits_for_a_seat_then_its_own_prefill():
+    # Nothing startable: it waits for the work ahead and a mean request's, then prefills its
+    # own prompt only (those ahead were seated, and prefilled, before it).
+    queued = int(2 * (MEAN_PROMPT + MEAN_OUTPUT))
+    w = worker(startable=0, ahead={"interactive": 500, "batch": 500})
+    prediction = load(w, interactive=queued).predict("interactive", 2000)
+    seat = 3 * MEAN_WORK_S
+    assert prediction.ttft_s == pytest.approx(seat + STEP_S + 2000 * TOK_S + DECODE_S)
+    assert prediction.reason == "ttft"
+
+
+def test_flex_waits_behind_both_priorities_and_interactive_behind_interactive_only():
+    w = worker(ahead={"interactive": 0, "batch": 8000})
+    fleet = load(w, batch=int(MEAN_PROMPT + MEAN_OUTPUT))
+    interactive = fleet.predict("interactive", 2000).ttft_s
+    flex = fleet.predict("batch", 2000).ttft_s
+    assert interactive == pytest.approx(STEP_S + 2000 * TOK_S + DECODE_S)
+    # 8,000 waiting in the engine + 2,000 queued + its own: three turns.
+    assert flex == pytest.approx(3 * STEP_S + 12000 * TOK_S + DECODE_S)
+
+
+def test_the_worker_that_gets_the_first_token_out_soonest_is_the_forecast():
+    busy = worker(ahead={"interactive": 20000, "batch": 20000})
+    idle = worker(prefill_step_s=0.02, decode_step_s=0.0)
+    ttft = load(busy, idle).predict("interactive", 2000).ttft_s
+    assert ttft == pytest.approx(0.02 + 2000 * TOK_S)
+
+
+def test_a_worker_without_prefill_prices_falls_back_on_the_mean_prompt_price():
+    old = worker(prefill_step_s=None)
+    assert load(old).predict("interactive", 2000).ttft_s == pytest.approx(2000 * TOK_S)
