@@ -52,6 +52,7 @@ class Outcome:
     request_id: str | None = None
     retry_after: int | None = None
     code: str | None = None
+    predicted_ttft_s: float | None = None  # admission's forecast (x-fleetlm-predicted-ttft)
     first_token_s: float | None = None
     e2e_s: float | None = None
     finish_reason: str | None = None
@@ -71,6 +72,8 @@ def one_stream(server, http: httpx.Client, body: dict, out: Outcome) -> None:
             timeout=180,
         ) as r:
             out.status, out.request_id = r.status_code, r.headers.get("x-request-id")
+            if "x-fleetlm-predicted-ttft" in r.headers:
+                out.predicted_ttft_s = float(r.headers["x-fleetlm-predicted-ttft"])
             if r.status_code != 200:
                 out.code = json.loads(r.read())["error"]["code"]
                 out.retry_after = int(r.headers.get("retry-after", 0))

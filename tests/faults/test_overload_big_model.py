@@ -5,7 +5,9 @@
 # preemption, holds the line. The worker takes only what its KV headroom lets it start, the rest
 # waits in Redis where admission counts it and refuses (503 with Retry-After, reason `kv`) what
 # cannot start in time; nothing is preempted, nothing fails, and the admitted interactive
-# requests get their first token within the limit whatever the flex traffic does.
+# requests get their first token within the limit whatever the flex traffic does. Each admitted
+# request carries admission's forecast of its first token (x-fleetlm-predicted-ttft), which is
+# held against what it measured.
 from __future__ import annotations
 
 import statistics
@@ -15,6 +17,7 @@ import pytest
 from tests.faults.conftest import completion_body, fault_server
 from tests.faults.test_overload import (
     DEFAULT_ENV,
+    DEFAULTS,
     FIRST_TOKEN_LIMIT_S,
     MODEL,
     WorkerMonitor,
@@ -43,7 +46,8 @@ def long_body(i: int) -> dict:
     return completion_body(MAX_TOKENS, model=MODEL, prompt=prompt, **tier)
 
 
-def series(server, name: str) -> float:
+def series(server, name: str) -> float | None:
+    """The sum of the /metrics lines that start with `name`; None when there is none."""
     import httpx
 
     r = httpx.get(
@@ -51,9 +55,8 @@ def series(server, name: str) -> float:
         headers={"Authorization": f"Bearer {server.admin_key}"},
         timeout=30,
     )
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines() if line.startswith(name)
-    )
+    values = [float(ln.rsplit(" ", 1)[1]) for ln in r.text.splitlines() if ln.startswith(name)]
+    return sum(values) if values else None
 
 
 def test_a_big_models_kv_pool_is_held_by_admission_not_preemption(tmp_path_factory):
@@ -70,17 +73,21 @@ def test_a_big_models_kv_pool_is_held_by_admission_not_preemption(tmp_path_facto
         served = [o for o in capacity if o.finish_reason == "length"]
         rate = len(served) / CAPACITY_S
         wait_until(idle, 60, "the worker to be idle", 0.2)
-        preempted_before = series(srv, "vllm:num_preemptions_total")
+        preempted_before = series(srv, "vllm:num_preemptions_total") or 0.0
         monitor = WorkerMonitor(srv)
         overload = open_loop(srv, 3 * rate, OVERLOAD_S, long_body)
         samples = monitor.join()
         wait_until(idle, 60, "the worker to be idle", 0.2)
         admitted = [o for o in overload if o.status == 200]
         rows = srv.usage_rows([o.request_id for o in admitted], timeout_s=60)
-        preempted = series(srv, "vllm:num_preemptions_total") - preempted_before
-        kv_refusals = series(
-            srv, 'fleetlm:overload_refusals_total{priority="interactive",reason="kv"'
+        preempted = (series(srv, "vllm:num_preemptions_total") or 0.0) - preempted_before
+        kv_refusals = (
+            series(srv, 'fleetlm:overload_refusals_total{priority="interactive",reason="kv"') or 0.0
         )
+        forecasts = series(srv, 'fleetlm:predicted_ttft_seconds_count{priority="interactive"')
+        forecasts = forecasts or 0.0
+        preemption_counts = series(srv, "fleetlm:request_preemptions_count") or 0.0
+        waiting_age = series(srv, "fleetlm:engine_waiting_oldest_seconds")
     finally:
         assert srv.stop() == 0, srv.log()
 
@@ -89,12 +96,16 @@ def test_a_big_models_kv_pool_is_held_by_admission_not_preemption(tmp_path_facto
     interactive = sorted(o.first_token_s for o in admitted if not o.flex)
     median = statistics.median(o.e2e_s for o in served)
     running = max(s["num_running"] for s in samples)
+    forecast = sorted((o.predicted_ttft_s, o.first_token_s) for o in admitted if not o.flex)
+    ratios = sorted(measured / max(predicted, 0.1) for predicted, measured in forecast)
     kv_max = max(s["kv_cache_usage"] for s in samples)
     print(
         f"big model: capacity {rate:.2f} req/s (median {median:.1f} s); at 3x: {len(refused)} "
         f"of {len(overload)} refused ({kv_refusals:.0f} interactive for kv), {len(admitted)} "
         f"admitted ({len(flex_ids)} flex), interactive first token max {interactive[-1]:.1f} s; "
-        f"running max {running}, kv usage max {kv_max:.2f}, preemptions {preempted:.0f}"
+        f"running max {running}, kv usage max {kv_max:.2f}, preemptions {preempted:.0f}; "
+        f"measured / predicted first token: median {statistics.median(ratios):.2f}, max "
+        f"{ratios[-1]:.2f}; predicted, measured: {[(p, round(m, 2)) for p, m in forecast]}"
     )
     # Refusals with Retry-After; everything admitted completes: nothing fails for lack of KV.
     check_refusals_and_ends(capacity, overload, rows)
@@ -103,6 +114,19 @@ def test_a_big_models_kv_pool_is_held_by_admission_not_preemption(tmp_path_facto
     assert preempted <= len(flex_ids)
     # Interactive requests got their first token in time, flex traffic notwithstanding.
     assert interactive and interactive[-1] <= FIRST_TOKEN_LIMIT_S
+    # What admission forecast (x-fleetlm-predicted-ttft: the prefill ahead in chunks, each turn
+    # carrying the running decodes, a seat's wait) was within the bound for every admitted
+    # request and is what they waited, within generous margins for a busy 2-core machine: no
+    # admitted request waited much past its forecast, and the forecast is not off by a factor.
+    bound = DEFAULTS["max_queue_wait_s"].default
+    assert all(predicted is not None and predicted <= bound for predicted, _ in forecast)
+    assert all(measured <= 2 * predicted + 4.0 for predicted, measured in forecast)
+    assert 0.25 <= statistics.median(ratios) <= 4.0
+    # /metrics: a forecast per interactive request admitted or refused, the preemptions of each
+    # finished request, the age of the engine's oldest waiting request.
+    assert forecasts >= sum(not o.flex for o in overload)
+    assert preemption_counts >= len(rows)
+    assert waiting_age is not None
     # KV, not the TPOT target, is what held the line: the worker's intake was bound by its KV
     # headroom, and admission refused interactive requests for it.
     assert sum(s["limited_by"] == "kv" for s in samples) >= 0.5 * len(samples)
