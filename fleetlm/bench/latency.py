@@ -46,6 +46,8 @@ class RequestRecord:
     request_id: str | None = None
     server_queue_s: float | None = None
     server_ttft_s: float | None = None
+    # What fleetlm's admission forecast for its first token (x-fleetlm-predicted-ttft)
+    predicted_ttft_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -99,24 +101,44 @@ def summarize_class(records: list[RequestRecord], t0: float, t1: float, targets:
     span = t1 - t0
     out_tokens = _delivered_tokens(records, t0, t1)
     in_tokens = sum(r.num_prompt for r in done)
+    return (
+        {
+            "num_requests": len(records),
+            "num_ok": len(done),
+            "errors": errors,
+            "ttft_s": percentiles(ttft),
+            "ttft_short_prompts_s": percentiles(ttft_short),
+            "tpot_s": percentiles(tpot),
+            "itl_s": percentiles(itl),
+            "e2e_s": percentiles(e2e),
+            "output_tok_s": out_tokens / span if span > 0 else math.nan,
+            # Prompt tokens of the window's requests per second of window (their arrival rate).
+            "input_tok_s": in_tokens / span if span > 0 else math.nan,
+            "mean_output_tokens": sum(r.num_output for r in done) / max(len(done), 1),
+            # Streamed chunks per generated token: ~1 when the server streams every token.
+            "chunks_per_token": sum(len(r.token_times) for r in done)
+            / max(sum(r.num_output for r in done), 1),
+            "cached_fraction": sum(r.num_cached for r in done) / max(in_tokens, 1),
+        }
+        | _server_side(done, targets)
+        | _forecast(done)
+    )
+
+
+def _forecast(done: list[RequestRecord]) -> dict:
+    """Admission's forecast against the first token the client measured (fleetlm only)."""
+    pairs = [
+        (r.predicted_ttft_s, r.first_token_s - r.arrival_s)
+        for r in done
+        if r.predicted_ttft_s is not None and r.first_token_s is not None
+    ]
+    if not pairs:
+        return {}
     return {
-        "num_requests": len(records),
-        "num_ok": len(done),
-        "errors": errors,
-        "ttft_s": percentiles(ttft),
-        "ttft_short_prompts_s": percentiles(ttft_short),
-        "tpot_s": percentiles(tpot),
-        "itl_s": percentiles(itl),
-        "e2e_s": percentiles(e2e),
-        "output_tok_s": out_tokens / span if span > 0 else math.nan,
-        # Prompt tokens of the window's requests per second of window (their arrival rate).
-        "input_tok_s": in_tokens / span if span > 0 else math.nan,
-        "mean_output_tokens": sum(r.num_output for r in done) / max(len(done), 1),
-        # Streamed chunks per generated token: ~1 when the server streams every token.
-        "chunks_per_token": sum(len(r.token_times) for r in done)
-        / max(sum(r.num_output for r in done), 1),
-        "cached_fraction": sum(r.num_cached for r in done) / max(in_tokens, 1),
-    } | _server_side(done, targets)
+        "predicted_ttft_s": percentiles([p for p, _ in pairs]),
+        "ttft_minus_predicted_s": percentiles([m - p for p, m in pairs]),
+        "ttft_over_predicted": percentiles([m / max(p, 1e-3) for p, m in pairs]),
+    }
 
 
 def _server_side(done: list[RequestRecord], targets: Targets) -> dict:

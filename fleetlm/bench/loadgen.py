@@ -100,6 +100,8 @@ async def _send(session, target: Target, index: int, r: BenchRequest, t0: float,
     try:
         async with session.post(url, json=request_body(target, r), headers=headers) as resp:
             rec.request_id = resp.headers.get("x-request-id")
+            if (predicted := resp.headers.get("x-fleetlm-predicted-ttft")) is not None:
+                rec.predicted_ttft_s = float(predicted)
             if resp.status != 200:
                 rec.status = f"http_{resp.status}" + _error_code(await resp.read())
                 return rec

@@ -86,6 +86,8 @@ def test_bench_serve_launch_sweep_and_compare(tmp_path):
         server, gap = every["server_ttft_s"], every["client_minus_server_ttft_s"]
         assert 0 < every["server_queue_s"]["p50"] <= server["p50"]
         assert gap["p50"] > 0 and server["p50"] < every["ttft_short_prompts_s"]["p50"]
+        # Admission's forecast of each first token, against the measured one.
+        assert every["predicted_ttft_s"]["p50"] > 0 and every["ttft_over_predicted"]["p50"] > 0
         assert worker["queries"] > 0 and 0 <= worker["prefix_hit_rate"] <= 1
     served_rates = {r["rate"] for r in result["served"]["runs"]}
     assert {row["rate"] for row in result["comparison"]["per_rate"]} <= served_rates

@@ -104,6 +104,20 @@ def test_report_counts_only_the_steady_window():
     failing = [*steady, _record(40, 5.0, 0, 0, 0, status="http_503")]
     report = summarize(failing, duration_s=10.0, warmup_fraction=0.3, targets=targets)
     assert report["all"]["errors"] == {"http_503": 1} and not report["meets_targets"]
+    assert "predicted_ttft_s" not in report["all"]  # no forecast: not fleetlm
+
+
+def test_admissions_forecast_is_reported_against_the_measured_first_token():
+    # fleetlm's x-fleetlm-predicted-ttft: half the requests got their first token as forecast,
+    # half twice as late.
+    records = [_record(i, 4.0 + i * 0.5, ttft=0.4, tpot=0.02, n_out=11) for i in range(8)]
+    for i, r in enumerate(records):
+        r.predicted_ttft_s = 0.4 if i % 2 else 0.2
+    report = summarize(records, duration_s=10.0, warmup_fraction=0.3, targets=Targets())
+    every = report["all"]
+    assert every["predicted_ttft_s"]["p50"] in (pytest.approx(0.2), pytest.approx(0.4))
+    assert every["ttft_over_predicted"]["p95"] == pytest.approx(2.0)
+    assert every["ttft_minus_predicted_s"]["p95"] == pytest.approx(0.2)
 
 
 def test_goodput_sweep_and_bisection():
