@@ -25,7 +25,8 @@
 # engine's running prompts and waiting requests of the priority or higher and the prompts
 # queued ahead of it in Redis (a share per worker), when the request is seated at once
 # (wait = 0); seated later, those took the seats freed before its own and were prefilled
-# meanwhile.
+# meanwhile. A queued prompt is priced by the mean share the prefix cache did not hold
+# (mean_uncached_prompt_tokens, from the finished requests' cached tokens).
 #
 # Interactive counts interactive work only: workers take it first and the engine gives it the
 # seats and KV of running batch requests, so flex never pushes it back. Flex (service_tier
@@ -132,6 +133,8 @@ class Load:
     routes: tuple[str, ...] = ()  # workers with queues of their own (service/routing.py)
     mean_prompt_tokens: float | None = None
     workers: tuple[WorkerLoad, ...] = ()  # the priced live workers
+    # ... of the mean prompt's tokens, those the prefix cache did not hold (None: all)
+    mean_uncached_prompt_tokens: float | None = None
 
     def admitted(self, priority: str, tokens: int) -> Load:
         """This load with a request admitted since it was read: until the next read, the
@@ -152,7 +155,12 @@ class Load:
         decode_s = sum(w.decode_token_s for w in self.workers) / n
         mean_prompt = self.mean_prompt_tokens or DEFAULT_PROMPT_TOKENS
         mean_output = self.mean_output_tokens or DEFAULT_OUTPUT_TOKENS
-        mean_work = mean_prompt * prefill_s + mean_output * decode_s
+        # A queued prompt costs only what the prefix cache will not hold (its own prompt is
+        # priced whole: its hits are not known yet).
+        uncached = mean_prompt
+        if self.mean_uncached_prompt_tokens is not None:
+            uncached = min(mean_prompt, self.mean_uncached_prompt_tokens)
+        mean_work = uncached * prefill_s + mean_output * decode_s
         work = queued * mean_work / (mean_prompt + mean_output)  # Redis: the mean mix
         work += sum(w.waiting_work_s.get(prio, 0.0) for w in self.workers for prio in ahead)
         free = sum(w.startable.get(priority, 0) for w in self.workers) * mean_work
@@ -162,7 +170,7 @@ class Load:
         # Seated at once: the prompts ahead of it (the engines' and Redis's, shared among the
         # workers) are prefilled before its own. Seated later: those took the seats that freed
         # before its own and were prefilled meanwhile.
-        queued_prompts = None if wait else queued * mean_prompt / (mean_prompt + mean_output) / n
+        queued_prompts = None if wait else queued * uncached / (mean_prompt + mean_output) / n
         first = min(
             w.first_token_s(priority, prompt_tokens, queued_prompts, mean_prompt)
             for w in self.workers
@@ -229,6 +237,7 @@ async def read_load(redis: Redis) -> Load:
     rates: list[float] = []
     outputs: list[float] = []
     prompts: list[float] = []
+    uncached: list[float] = []
     priced: list[WorkerLoad] = []
     if workers:
         pipe = redis.pipeline(transaction=False)
@@ -242,6 +251,8 @@ async def read_load(redis: Redis) -> Load:
                 outputs.append(float(stats["mean_output_tokens"]))
             if stats["mean_prompt_tokens"] is not None:
                 prompts.append(float(stats["mean_prompt_tokens"]))
+            if stats["mean_uncached_prompt_tokens"] is not None:
+                uncached.append(float(stats["mean_uncached_prompt_tokens"]))
             if stats["prefill_token_s"] is not None and stats["decode_token_s"] is not None:
                 priced.append(_worker_load(stats))
     return Load(
@@ -250,12 +261,14 @@ async def read_load(redis: Redis) -> Load:
         mean_output_tokens=sum(outputs) / len(outputs) if outputs else None,
         routes=tuple(routes),
         mean_prompt_tokens=sum(prompts) / len(prompts) if prompts else None,
+        mean_uncached_prompt_tokens=sum(uncached) / len(uncached) if uncached else None,
         workers=tuple(priced),
     )
 
 
 STATS_FIELDS = [
-    "tokens_per_s", "mean_output_tokens", "mean_prompt_tokens", "prefill_token_s",
+    "tokens_per_s", "mean_output_tokens", "mean_prompt_tokens", "mean_uncached_prompt_tokens",
+    "prefill_token_s",
     "decode_token_s", "startable", "startable_interactive", "limited_by",
     *(f"waiting_work_s_{prio}" for prio in p.PRIORITIES),
     "decode_step_s", "prefill_step_s", "prefill_chunk_tokens", "prefill_tok_s", "prefill_pair_s",

@@ -12,7 +12,8 @@ from service import streams as p
 router = APIRouter(tags=["internal"])
 
 _FLOATS = {"kv_cache_usage", "updated_at", "tokens_per_s", "mean_output_tokens",
-           "mean_prompt_tokens", "prefill_token_s", "decode_token_s", "decode_step_s",
+           "mean_prompt_tokens", "mean_uncached_prompt_tokens", "prefill_token_s",
+           "decode_token_s", "decode_step_s",
            "oldest_waiting_s", "waiting_work_s_interactive", "waiting_work_s_batch",
            "prefill_step_s", "prefill_tok_s", "prefill_pair_s", "prefill_ahead_s_interactive",
            "prefill_ahead_s_batch"}  # fmt: skip

@@ -5,6 +5,7 @@
 # chunk, a prompt token 0.1 ms, a decode turn 35 ms.
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -56,6 +57,18 @@ def test_prompts_queued_ahead_are_prefilled_first_in_turns_that_carry_the_decode
     # The forecast before the decodes riding the prefill turns were counted: the request's
     # own prompt alone, well inside the 0.8 s bound the H200 did not keep.
     assert 2000 * TOK_S < 0.8 < ttft
+
+
+def test_queued_prompts_cost_what_the_prefix_cache_does_not_hold():
+    # The finished requests found 1,500 of their 2,000 prompt tokens cached: three queued
+    # requests bring 1,500 tokens to prefill, not 6,000; its own prompt is priced whole.
+    queued = int(3 * (MEAN_PROMPT + MEAN_OUTPUT))
+    fleet = load(worker(), interactive=queued)
+    cached = dataclasses.replace(fleet, mean_uncached_prompt_tokens=500.0)
+    assert cached.predict("interactive", 2000).ttft_s == pytest.approx(
+        STEP_S + 3500 * TOK_S + DECODE_S
+    )
+    assert fleet.predict("interactive", 2000).ttft_s > cached.predict("interactive", 2000).ttft_s
 
 
 def test_attention_pairs_make_a_long_prompt_cost_more_than_its_tokens():

@@ -24,6 +24,8 @@ class LoadReport:
         self.tokens_per_s = 0.0
         self.mean_output_tokens = DEFAULT_OUTPUT_TOKENS
         self.mean_prompt_tokens = DEFAULT_PROMPT_TOKENS
+        # ... of which not found in the prefix cache: the prefill a request really costs
+        self.mean_uncached_prompt_tokens = DEFAULT_PROMPT_TOKENS
         self._tokens = 0
         self._busy_s = 0.0
         self._num_finished = 0
@@ -37,7 +39,9 @@ class LoadReport:
             self.tokens_per_s = rate if first else ALPHA * rate + (1 - ALPHA) * self.tokens_per_s
             self._tokens, self._busy_s = 0, 0.0
 
-    def on_finished(self, completion_tokens: int, prompt_tokens: int) -> None:
+    def on_finished(
+        self, completion_tokens: int, prompt_tokens: int, cached_tokens: int = 0
+    ) -> None:
         first = self._num_finished == 0
         self._num_finished += 1
 
@@ -46,10 +50,13 @@ class LoadReport:
 
         self.mean_output_tokens = mean(self.mean_output_tokens, completion_tokens)
         self.mean_prompt_tokens = mean(self.mean_prompt_tokens, prompt_tokens)
+        uncached = max(0, prompt_tokens - cached_tokens)
+        self.mean_uncached_prompt_tokens = mean(self.mean_uncached_prompt_tokens, uncached)
 
     def fields(self) -> dict[str, str]:
         return {
             "tokens_per_s": f"{self.tokens_per_s:.1f}",
             "mean_output_tokens": f"{self.mean_output_tokens:.1f}",
             "mean_prompt_tokens": f"{self.mean_prompt_tokens:.1f}",
+            "mean_uncached_prompt_tokens": f"{self.mean_uncached_prompt_tokens:.1f}",
         }

@@ -253,7 +253,10 @@ class RoundTrip:
             self.metrics.forget(f.request_id, f.req.sampling.n)
             completion = record.counts["completion_tokens"]
             if record.status in ("completed", "length"):
-                self.load.on_finished(completion, record.counts["prompt_tokens"])
+                counts = record.counts
+                self.load.on_finished(
+                    completion, counts["prompt_tokens"], counts.get("cached_tokens", 0)
+                )
             log.info(
                 "request finished",
                 extra={
