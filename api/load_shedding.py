@@ -11,8 +11,9 @@
 # target, workers/gpu/intake_budget.py) waits for nothing; the rest waits for the running requests
 # to make room, at the pace the fleet works (one second of work per second per worker):
 #
-#   wait  = max(0, work ahead + the mean request's work - startable × the mean request's work)
-#           / priced workers
+#   wait  = max(0, work ahead + k × the mean request's work - startable × the mean request's
+#           work) / priced workers, k = max(1, the request's KV (prompt and expected output)
+#           over the mean request's): a long request waits until k mean requests could start
 #   TTFT  = wait + first token, on the worker that gets it out soonest:
 #   first = turns × prefill_step_s + seconds of the prompt tokens ahead + of its own
 #           + decode_step_s (the turn that delivers the token)
@@ -143,8 +144,11 @@ class Load:
         queued[priority] = queued.get(priority, 0) + tokens
         return dataclasses.replace(self, queued_tokens=queued)
 
-    def predict(self, priority: str, prompt_tokens: int) -> Prediction:
-        """The predicted time to first token of a request of `priority`."""
+    def predict(
+        self, priority: str, prompt_tokens: int, request_tokens: int | None = None
+    ) -> Prediction:
+        """The predicted time to first token of a request of `priority` whose prompt and
+        expected output hold `request_tokens` of KV (None: the mean request's)."""
         ahead = ["interactive", "batch"] if priority == "batch" else ["interactive"]
         queued = sum(self.queued_tokens.get(prio, 0) for prio in ahead)
         if not self.workers:
@@ -164,7 +168,10 @@ class Load:
         work = queued * mean_work / (mean_prompt + mean_output)  # Redis: the mean mix
         work += sum(w.waiting_work_s.get(prio, 0.0) for w in self.workers for prio in ahead)
         free = sum(w.startable.get(priority, 0) for w in self.workers) * mean_work
-        wait = max(0.0, work + mean_work - free) / n
+        # What it takes to start, in mean requests (`startable` counts KV in those): a request
+        # holding k times the mean request's KV waits until k of them could start.
+        units = max(1.0, (request_tokens or 0) / (mean_prompt + mean_output))
+        wait = max(0.0, work + units * mean_work - free) / n
         full = [w for w in self.workers if w.startable.get(priority, 0) == 0]
         reason = "kv" if full and all(w.limited_by == "kv" for w in full) else "ttft"
         # Seated at once: the prompts ahead of it (the engines' and Redis's, shared among the
@@ -210,7 +217,9 @@ class LoadShedder:
             if queued.priority == "batch"
             else self.settings.max_queue_wait_s
         )
-        prediction = load.predict(queued.priority, len(queued.prompt_token_ids))
+        prediction = load.predict(
+            queued.priority, len(queued.prompt_token_ids), queued.queued_tokens
+        )
         PREDICTED_TTFT.labels(queued.priority).observe(prediction.ttft_s)
         if prediction.ttft_s <= bound:
             if self._load is load:

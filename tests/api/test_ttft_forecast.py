@@ -91,6 +91,17 @@ def test_a_request_seated_later_waits_for_a_seat_then_its_own_prefill():
     assert prediction.reason == "ttft"
 
 
+def test_a_request_holding_several_mean_requests_kv_waits_until_they_could_start():
+    # The worker could start 4 mean requests (2,400 tokens of KV each); a 28,800-token one
+    # needs the room of 12: it waits for 8 mean requests' work, then its own prefill.
+    fleet = load(worker())
+    prediction = fleet.predict("interactive", 28400, 28800)
+    own = math.ceil(28400 / CHUNK) * STEP_S + 28400 * TOK_S + DECODE_S
+    assert prediction.ttft_s == pytest.approx(8 * MEAN_WORK_S + own)
+    mean = fleet.predict("interactive", 2000, 2400).ttft_s
+    assert mean == pytest.approx(STEP_S + 2000 * TOK_S + DECODE_S)
+
+
 def test_flex_waits_behind_both_priorities_and_interactive_behind_interactive_only():
     w = worker(ahead={"interactive": 0, "batch": 8000})
     fleet = load(w, batch=int(MEAN_PROMPT + MEAN_OUTPUT))
