@@ -213,6 +213,7 @@ def test_overload_on_the_default_settings_is_refused_not_crawled(tmp_path_factor
     e2e = sorted(o.e2e_s for o in admitted)
     first = sorted(o.first_token_s or 0.0 for o in admitted)
     p90 = int(0.9 * len(admitted))
+    ratios = [(o.first_token_s or 0.0) / max(o.predicted_ttft_s or 0.0, 0.1) for o in admitted]
     print(
         f"overload: capacity {rate:.2f} req/s (max_running {stats['max_running']}, median "
         f"{at_capacity:.1f} s); at 3x: {len(refused)} of {len(overload)} refused (Retry-After "
@@ -220,6 +221,8 @@ def test_overload_on_the_default_settings_is_refused_not_crawled(tmp_path_factor
         f"{first[-1]:.1f} s p90 {first[p90]:.1f} s, e2e median {statistics.median(e2e):.1f} s "
         f"p90 {e2e[p90]:.1f} s max {e2e[-1]:.1f} s; running max "
         f"{max(s['num_running'] for s in samples)}, preemptions {sum(r.preemptions for r in rows)}"
+        f"; forecast max {max(o.predicted_ttft_s or 0.0 for o in admitted):.1f} s, measured / "
+        f"forecast median {statistics.median(ratios):.2f} max {max(ratios):.2f}"
     )
     check_refusals_and_ends(capacity, overload, rows)
     # What is admitted gets its first token in time and ends about as fast as at capacity:

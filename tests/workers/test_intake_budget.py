@@ -166,15 +166,11 @@ def test_the_prefill_ahead_is_priced_as_the_engine_schedules_it():
     assert {"prefill_step_s", "prefill_chunk_tokens", "prefill_ahead_s_batch"} <= set(fields)
 
 
-def test_the_prompts_each_turn_carries_count_against_the_tpot_target():
-    # Each running request is replaced every 32 turns: a turn also carries 1/32 of a new prompt
-    # per row. 1,600 uncached tokens (20 ms eager + 160 ms) add 5.6 ms a row to its 5 ms and
-    # 1.6 ms of context: 10 ms + 2 × 12.2 ms ≤ 40 ms.
-    prices, eng = fitted_prices(), engine()
-    long = intake_budget(eng, prices, report(prompt=1600), settings(tpot_target_s=0.04))
-    assert long.max_running == 2
-    # The same prompts, all but 16 tokens found in the prefix cache: 0.7 ms a row, 4 rows.
-    cached = LoadReport()
-    cached.on_finished(32, 1600, cached_tokens=1584)
-    assert cached.mean_uncached_prompt_tokens == 16
-    assert intake_budget(eng, prices, cached, settings(tpot_target_s=0.04)).max_running == 4
+def test_the_mean_prompt_is_reported_less_what_the_prefix_cache_held():
+    # Admission prices a queued prompt by it (api/load_shedding.py).
+    report = LoadReport()
+    report.on_finished(32, 1600, cached_tokens=1584)
+    assert report.mean_uncached_prompt_tokens == 16 and report.mean_prompt_tokens == 1600
+    report.on_finished(32, 1600)
+    assert report.mean_uncached_prompt_tokens == 0.3 * 1600 + 0.7 * 16
+    assert report.fields()["mean_uncached_prompt_tokens"] == "491.2"

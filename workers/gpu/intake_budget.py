@@ -4,9 +4,8 @@
 # the API, never as a running set so large that every stream crawls. Per turn, the least of:
 #
 #   waiting  worker_max_waiting minus the requests already in the engine's waiting queue
-#   seats    the running set the TPOT target allows (the turn the step prices predict for
-#            that many rows of the mean context, each with its share of the prompts the turns
-#            carry in steady state, stays within tpot_target_s; max_num_seqs
+#   seats    the running set the TPOT target allows (the decode turn the step prices predict
+#            for that many rows of the mean context stays within tpot_target_s; max_num_seqs
 #            until the prices are fitted) minus what runs and waits. A machine whose lone
 #            stream's turn is already near the target (a loaded CPU) batches until its turn is
 #            LONE_TURN_FACTOR times a lone stream's instead: half its best throughput, rather
@@ -113,14 +112,9 @@ def intake_budget(
     max_running = settings.max_num_seqs
     prefill_token_s = decode_token_s = decode_step_s = None
     if prices.fitted:
-        # In steady state a running request is replaced every mean_output turns, so each turn
-        # also carries rows / mean_output new prompts (what the prefix cache did not hold):
-        # their prefill slows every stream's turn as much as the decodes do on a big model.
-        uncached = int(report.mean_uncached_prompt_tokens)
-        prefill_per_row = prices.prefill_s(uncached) / mean_output
-        lone = prices.decode_step_s(1, int(context_per_row)) + prefill_per_row
+        lone = prices.decode_step_s(1, int(context_per_row))
         target = max(settings.tpot_target_s, LONE_TURN_FACTOR * lone)
-        max_running = prices.max_rows(target, context_per_row, max_running, prefill_per_row)
+        max_running = prices.max_rows(target, context_per_row, max_running)
         # An output token's price is a decode turn shared by the running set the engine
         # sustains: the TPOT target's, or fewer when the KV pool holds fewer mean requests.
         rows = max(1, min(max_running, (bm.num_blocks - headroom) // per_request))
