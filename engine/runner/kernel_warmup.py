@@ -125,12 +125,14 @@ def warm_up_mixed_steps(runner) -> dict:
         packed = pack(step, runner.block_size, runner.num_blocks, runner.max_model_len, max_rows)
         batch = runner.batch_builder.to_device(packed)
         hidden = runner._forward(batch.input_ids, batch.positions, batch.meta)  # eager
-        runner.model.compute_logits(hidden[batch.logits_indices])
+        logits = runner.model.compute_logits(hidden[batch.logits_indices])
         if runner.draft is not None:  # slots -1: nothing lands in the draft's cache either
             runner.draft.forward(batch.input_ids, batch.positions, batch.meta)
         if pieces is not None and pieces.can_run(step.num_tokens):
             pieces.run(batch)
     if runner.device.type == "cuda":
+        if steps:
+            warm_up_token_bitmask(logits)
         torch.cuda.synchronize(runner.device)
     after = compile_counter.snapshot()
     return {
@@ -139,3 +141,16 @@ def warm_up_mixed_steps(runner) -> dict:
         "compiles": after.count - before.count,
         "compile_seconds": after.seconds - before.seconds,
     }
+
+
+def warm_up_token_bitmask(logits: torch.Tensor) -> None:
+    """Compile the grammar-mask kernel's variants (with and without row ids) for the model's
+    logits, so the first constrained request does not stall the steps; every bit set: the
+    logits are left as they are."""
+    from kernels.token_bitmask import apply_token_bitmask
+
+    n = min(logits.shape[0], 2)
+    allowed = torch.full((n, (logits.shape[1] + 31) // 32), -1, dtype=torch.int32,
+                         device=logits.device)  # fmt: skip
+    apply_token_bitmask(logits, allowed)
+    apply_token_bitmask(logits, allowed, torch.arange(n, device=logits.device))

@@ -15,6 +15,7 @@ from llguidance import LLExecutor, LLMatcher
 from llguidance.numpy import fill_next_token_bitmask_par
 
 from engine.core.request import PENDING_TOKEN, Request
+from kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_ref
 
 
 @dataclass(slots=True)
@@ -28,11 +29,14 @@ class GrammarState:
         """Feed the matcher the output tokens it has not seen (the previous step's token; a
         resumed request's whole output the first time). A token the grammar rejects leaves the
         matcher in its error state, which allows only the end of sequence."""
-        new = request.output_token_ids[self.num_consumed :]
+        start = request.num_prompt_tokens + self.num_consumed
+        tokens = request.token_ids
+        if start >= len(tokens):
+            return  # the usual case, every step: nothing new (no slice of the whole output)
+        new = tokens[start:]
         assert PENDING_TOKEN not in new, "constrained requests schedule from committed tokens"
-        if new:
-            self.matcher.consume_tokens(new)
-            self.num_consumed += len(new)
+        self.matcher.consume_tokens(new)
+        self.num_consumed += len(new)
 
     def consume_ahead(self, request: Request, pos: int, token: int) -> None:
         """Overlapped scheduling: feed the matcher the token sampled for position `pos`, read
@@ -55,59 +59,74 @@ class GrammarMasks:
 
     def __init__(self, vocab_size: int, device: torch.device, eos_token_ids: tuple[int, ...]):
         # llguidance's vocabulary: the model's, plus a virtual EOS id when the model has none
-        # (the rows are then one bit wider than the logits; apply() cuts them).
+        # (the rows are then one bit wider than the logits; apply() ignores the extra bits).
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32  # int32 words per row, bit b of word w: id 32w+b
         self.device = device
-        self.eos_token_ids = [t for t in eos_token_ids if 0 <= t < vocab_size]
+        # The row of a request in an error or stopped state: only the end of sequence.
+        self._eos_only = np.zeros(self.words, dtype=np.uint32)
+        for t in eos_token_ids:
+            if 0 <= t < vocab_size:
+                self._eos_only[t // 32] |= np.uint32(1 << (t % 32))
         self.executor = LLExecutor()
         self._host: torch.Tensor | None = None  # [capacity, words] int32 (pinned on CUDA)
-        # [32] int32: shifting a word right by these and taking bit 0 gives its 32 flags.
-        self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self._host_words: np.ndarray | None = None  # the same memory as numpy int32
+        # The last step's logits rows and their device tensor (reused while they stay the same)
+        self._row_ids: tuple[list[int], torch.Tensor] | None = None
 
-    def fill(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`requests` per logits row. Returns (row ids [n] int64, bitmasks [n, words] int32) on
-        the device for the rows whose request has a grammar, or None when none has.
+    def fill(self, requests: list[Request]) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """`requests` per logits row. Returns (row ids [n] int64 on the device, or None when
+        they are rows 0..n-1; bitmasks [n, words] int32 on the device) for the rows whose
+        request has a grammar, or None when none has.
         The host buffer is reused: a constrained step fills it only after the previous step's
         sampled ids reached the host (collected, or read ahead: engine/runner/overlap.py's
         read_grammar_tokens), and that step's mask upload was queued before them: it is done."""
         rows = [i for i, r in enumerate(requests) if r.grammar is not None]
         if not rows:
             return None
-        host = self._buffer(len(rows))
+        n = len(rows)
+        host = self._buffer(n)
+        words = self._host_words
         matchers: list[tuple[LLMatcher, int]] = []
         for slot, row in enumerate(rows):
-            state = requests[row].grammar
-            state.catch_up(requests[row])
+            request = requests[row]
+            state = request.grammar
+            state.catch_up(request)
+            matcher = state.matcher
             # An error state, or (overlapped: a request whose end is not committed yet, its
             # row to be discarded) a stopped one: let it end rather than sample from nothing.
-            if state.matcher.is_error() or state.matcher.is_stopped():
-                words = host[slot].numpy().view(np.uint32)
-                words[:] = 0
-                for t in self.eos_token_ids:
-                    words[t // 32] |= np.uint32(1 << (t % 32))
+            if matcher.is_error() or matcher.is_stopped():
+                words[slot] = self._eos_only.view(np.int32)
             else:
-                matchers.append((state.matcher, slot))
+                matchers.append((matcher, slot))
         if matchers:
             # One call for every row: llguidance computes them on its own thread pool.
-            fill_next_token_bitmask_par(self.executor, matchers, host[: len(rows)].numpy())
-        masks = host[: len(rows)].to(self.device, non_blocking=True)
-        row_ids = torch.tensor(rows, dtype=torch.int64)
-        if self.device.type == "cuda":
-            row_ids = row_ids.pin_memory().to(self.device, non_blocking=True)
-        return row_ids, masks
+            fill_next_token_bitmask_par(self.executor, matchers, words[:n])
+        masks = host[:n].to(self.device, non_blocking=True)
+        return self._device_row_ids(rows), masks
 
-    def apply(self, logits: torch.Tensor, filled: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def apply(self, logits: torch.Tensor, filled: tuple[torch.Tensor | None, torch.Tensor]) -> None:
         """logits [num_rows, vocab] in place: tokens outside a row's grammar become -inf."""
         row_ids, masks = filled
-        # [n, words, 32] flags → [n, words * 32] → the vocabulary's first `vocab` ids.
-        allowed = ((masks.unsqueeze(-1) >> self._shifts) & 1).flatten(1)[:, : logits.shape[1]]
-        rows = logits.index_select(0, row_ids)
-        logits.index_copy_(0, row_ids, rows.masked_fill(allowed == 0, float("-inf")))
+        if logits.device.type == "cuda":
+            apply_token_bitmask(logits, masks, row_ids)  # one kernel, nothing materialized
+        else:
+            apply_token_bitmask_ref(logits, masks, row_ids)
+
+    def _device_row_ids(self, rows: list[int]) -> torch.Tensor | None:
+        if rows[-1] == len(rows) - 1:
+            return None  # rows 0..n-1 (ascending, distinct): every sampling row is constrained
+        if self._row_ids is None or self._row_ids[0] != rows:
+            ids = torch.tensor(rows, dtype=torch.int64)
+            if self.device.type == "cuda":
+                ids = ids.pin_memory().to(self.device, non_blocking=True)
+            self._row_ids = (rows, ids)  # read-only on the device: later steps may reuse it
+        return self._row_ids[1]
 
     def _buffer(self, num_rows: int) -> torch.Tensor:
         if self._host is None or self._host.shape[0] < num_rows:
             capacity = max(num_rows, 2 * (0 if self._host is None else self._host.shape[0]), 8)
             pin = self.device.type == "cuda"
             self._host = torch.empty((capacity, self.words), dtype=torch.int32, pin_memory=pin)
+            self._host_words = self._host.numpy()
         return self._host

@@ -211,6 +211,41 @@ def test_device_mask_matches_a_per_token_reference():
     assert torch.equal(logits, expected)
 
 
+def test_masks_of_leading_rows_need_no_row_ids():
+    # Every sampling row constrained: no row ids, the masks apply to rows 0..n-1; with a plain
+    # row first, the same masks go to rows 1..n through (cached) row ids; a request that has
+    # consumed tokens is caught up once, and its mask is the grammar's next step.
+    from engine.grammar import GrammarCompiler
+    from engine.sampling.grammar_mask import GrammarState
+    from engine.tokenizer import ByteTokenizer
+
+    tokenizer = ByteTokenizer(300)
+    compiler = GrammarCompiler(tokenizer, 300, (257,))
+    spec = StructuredOutput("regex", "ab[xy]")
+    requests = []
+    for i in range(2):
+        r = Request(f"r{i}", [1, 2], SamplingParams(), Priority.INTERACTIVE, 8)
+        r.grammar = GrammarState(compiler.matcher(spec))
+        requests.append(r)
+    requests[1].token_ids += [ord("a"), ord("b")]
+    plain = Request("p", [1, 2], SamplingParams(), Priority.INTERACTIVE, 8)
+    masks = GrammarMasks(300, torch.device("cpu"), eos_token_ids=(257,))
+    row_ids, words = masks.fill(requests)
+    assert row_ids is None and requests[1].grammar.num_consumed == 2
+    logits = torch.zeros(3, 300)
+    masks.apply(logits, (row_ids, words))
+
+    def allowed(row: int) -> set[str]:  # (ids past the bytes decode to characters too)
+        return {tokenizer.decode([i]) for i in torch.isfinite(logits[row]).nonzero().flatten()}
+
+    assert allowed(0) == {"a"} and allowed(1) == {"x", "y"}
+    assert torch.isfinite(logits[2]).all()
+    for _ in range(2):
+        row_ids, again = masks.fill([plain, *requests])
+        assert row_ids.tolist() == [1, 2] and torch.equal(again, words)
+    assert masks.fill([plain, *requests])[0] is row_ids  # the same rows: the same tensor
+
+
 def test_requests_without_grammar_fill_nothing():
     masks = GrammarMasks(64, torch.device("cpu"), eos_token_ids=(0,))
     r = Request("r", [1, 2], SamplingParams(), Priority.INTERACTIVE, 8)
