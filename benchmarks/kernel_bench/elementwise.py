@@ -1,5 +1,5 @@
-"""Memory-bound elementwise kernels (KV store, RMS norm, rotary, SiLU-and-mul) against
-their torch twins, as GB/s of the copy ceiling."""
+"""Memory-bound elementwise kernels (KV store, RMS norm, rotary, SiLU-and-mul, the grammar
+mask) against their torch twins, as GB/s of the copy ceiling."""
 
 from __future__ import annotations
 
@@ -145,3 +145,37 @@ def bench_elementwise(bench: Bench) -> None:
             case.torch_ms = bench.time_ms(lambda: bench.silu.silu_and_mul_ref(x))
 
         bench.run_case(case, body_silu)
+
+    # the grammar mask, in place on float32 logits: every row constrained (no row ids) and every
+    # other row (row ids), the Llama 3 vocabulary, about 1 token in 16 allowed
+    rows, vocab = (4, 1000) if bench.smoke else (64, 128256)
+    for with_row_ids in (False, True):
+        config = {"rows": rows, "vocab": vocab, "row_ids": with_row_ids, "dtype": "float32"}
+        case = Case("apply_token_bitmask", config)
+
+        def body_mask(case: Case, with_row_ids=with_row_ids) -> None:
+            n = rows // 2 if with_row_ids else rows
+            logits = bench.randn(rows, vocab, dtype=torch.float32)
+            shape, dev = (4, n, (vocab + 31) // 32), bench.device
+            words = torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device=dev,
+                                  generator=bench.gen)  # fmt: skip
+            bitmask = words[0] & words[1] & words[2] & words[3]  # each bit set with p = 1/16
+            row_ids = torch.arange(1, rows, 2, device=dev) if with_row_ids else None
+            got, want = logits.clone(), logits.clone()
+            bench.bitmask.apply_token_bitmask(got, bitmask, row_ids)
+            bench.bitmask.apply_token_bitmask_ref(want, bitmask, row_ids)
+            same = bool(torch.equal(got, want))  # (-inf where banned: compared exactly)
+            miss = 0.0 if same else float("inf")
+            case.check = {"ok": same, "rel_l2": miss, "max_abs": miss}
+            # the masked rows' logits read and written, their bitmasks read
+            case.work = 2 * n * vocab * 4 + bitmask.numel() * 4
+            case.peak = bench.copy_gbps
+            case.triton_ms = bench.time_ms(
+                lambda: bench.bitmask.apply_token_bitmask(got, bitmask, row_ids)
+            )
+            case.torch_impl = "apply_token_bitmask_ref"
+            case.torch_ms = bench.time_ms(
+                lambda: bench.bitmask.apply_token_bitmask_ref(want, bitmask, row_ids)
+            )
+
+        bench.run_case(case, body_mask)

@@ -82,6 +82,7 @@ class Bench:
             silu_mul,
             skinny_gemm,
             store_kv,
+            token_bitmask,
         )
 
         self.triton = triton
@@ -91,6 +92,7 @@ class Bench:
         self.rkv = rotary_store_kv
         self.fp8 = fp8_quant
         self.skinny = skinny_gemm
+        self.bitmask = token_bitmask
         self.smoke = smoke
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda" if self.cuda else "cpu")
