@@ -206,3 +206,32 @@ def test_required_and_named_tool_calls_have_valid_arguments(random_server, choic
         assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
             (c.function.name, c.function.arguments) for c in whole.message.tool_calls
         ]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "book"}}])
+def test_tool_calls_with_several_choices_all_validate(random_server, choice):
+    # n > 1: every copy of the request is constrained by the functions' schemas, so each choice
+    # ends in a tool call whose arguments validate; one usage row bills the prompt once and the
+    # tokens of every choice.
+    out = random_server.openai().chat.completions.create(
+        model=_model(random_server),
+        messages=[{"role": "user", "content": "Book the red room for 4."}],
+        tools=TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        max_tokens=200,
+        seed=11,
+        n=3,
+    )
+    assert sorted(c.index for c in out.choices) == [0, 1, 2]
+    for c in out.choices:
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls
+        for call in c.message.tool_calls:
+            if isinstance(choice, dict):
+                assert call.function.name == "book"
+            jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+    (row,) = random_server.usage_rows([out.id])
+    assert (row.prompt_tokens, row.completion_tokens) == (
+        out.usage.prompt_tokens,
+        out.usage.completion_tokens,
+    )
