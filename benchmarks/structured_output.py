@@ -3,8 +3,8 @@
 # streams see while a new 100-property schema compiles (it compiles on the engine's grammar
 # thread: no step should stall). Dummy-weight presets produce noise, so the schema's values
 # are bounded enums: only the grammar keeps the output valid, and every step masks. Each run's
-# `split_ms` is the median step from the engine's step trace: the host's parts (forward_s
-# includes, for a constrained step, waiting for the previous step's ids and filling the masks)
+# `split_ms` is the median step from the engine's step trace: the host's parts (a constrained
+# step's read_ahead: waiting for the previous step's ids; masks: filling and applying them)
 # and, on CUDA, the GPU's busy time and the gap before each step (GPU idle: host-bound).
 #   python -m benchmarks.structured_output --model llama-3.1-8b --streams 64 --max-tokens 256
 from __future__ import annotations
@@ -28,8 +28,8 @@ def schema(num_properties: int, salt: str = "") -> StructuredOutput:
     return StructuredOutput("json_schema", json.dumps(body))
 
 
-SPLIT_FIELDS = ("schedule_s", "prepare_s", "forward_s", "sample_s", "wait_s", "post_s",
-                "gpu_s", "gpu_gap_s")  # fmt: skip
+SPLIT_FIELDS = ("schedule_s", "prepare_s", "forward_s", "read_ahead_s", "masks_s", "sample_s",
+                "wait_s", "post_s", "gpu_s", "gpu_gap_s")  # fmt: skip
 
 
 def decode_steps(

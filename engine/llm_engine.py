@@ -418,6 +418,7 @@ class LLMEngine:
             start=step.started_at, wall_s=step.host_s + (now - t_wait),
             schedule_s=self.last_schedule_s, prepare_s=timing.prepare_s,
             forward_s=timing.forward_s, sample_s=timing.sample_s, wait_s=timing.wait_s,
+            read_ahead_s=timing.read_ahead_s, masks_s=timing.masks_s,
             post_s=now - t_post, host_s=step.host_s, num_tokens=sum(out.num_new_tokens),
             num_decodes=out.num_decodes, num_seqs=len(out.requests),
             num_running=len(self.scheduler.running), num_waiting=self.scheduler.num_waiting,

@@ -39,6 +39,10 @@ from engine.spec.verify import verify
 class StepTiming:
     prepare_s: float = 0.0  # packing the batch, host-to-device copies
     forward_s: float = 0.0  # launching the forward pass (graph replay or eager kernels)
+    # Constrained rows (overlapped): waiting for the previous step's ids and feeding the
+    # matchers; then filling, uploading and applying the masks (all while the forward runs)
+    read_ahead_s: float = 0.0
+    masks_s: float = 0.0
     sample_s: float = 0.0  # launching sampling and the device-to-host copy
     wait_s: float = 0.0  # collect(): waiting for the device to finish the step
     extra: dict[str, float] = field(default_factory=dict)
@@ -164,8 +168,10 @@ class ModelRunner:
         # Before anything changes the logits in place (masks, bans): the model's own logprobs.
         logprobs = StepLogprobs.of(logits, batch.sampling_requests) if sampling else None
         # The forward pass is queued: the host fills the grammar masks while the device runs it.
+        t_read = time.perf_counter()
         if before_masks is not None and any(r.grammar is not None for r in batch.sampling_requests):
             before_masks()
+        t_masks = time.perf_counter()
         masks = self._grammar_masks(batch.sampling_requests)
         if masks is not None:
             self.grammar_masks.apply(logits, masks)
@@ -188,7 +194,8 @@ class ModelRunner:
             self._record_end()
             result = HostCopy(values=[], prompt_logprobs=prompt)
         t3 = time.perf_counter()
-        self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
+        self.timing = StepTiming(prepare_s=t1 - t0, forward_s=t_read - t1, sample_s=t3 - t2,
+                                 read_ahead_s=t_masks - t_read, masks_s=t2 - t_masks)  # fmt: skip
         return result
 
     def _grammar_masks(self, requests: list[Request]):

@@ -23,6 +23,8 @@ ENGINE_FIELDS = (
     "schedule_s",  # scheduling (and drafting, when speculating)
     "prepare_s",  # batch packing + host-to-device copies
     "forward_s",  # launching the forward pass (graph replay or eager kernels)
+    "read_ahead_s",  # constrained rows: waiting for the previous step's ids, feeding matchers
+    "masks_s",  # constrained rows: filling, uploading and applying the grammar masks
     "sample_s",  # launching sampling and the device-to-host copy
     "wait_s",  # waiting for the device in finish_step
     "post_s",  # bookkeeping after the forward pass: new tokens, stops, detokenisation

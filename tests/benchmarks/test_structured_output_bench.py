@@ -29,7 +29,7 @@ def run_bench(max_tokens: int) -> dict:
 def test_structured_output_bench_smoke(max_tokens):
     result = run_bench(max_tokens)
     assert result["tpot_plain_ms"] > 0 and result["tpot_schema_ms"] > 0
-    assert result["split_schema_ms"]["forward_ms"] > 0
+    assert result["split_schema_ms"]["forward_ms"] > 0 and result["split_schema_ms"]["masks_ms"] > 0
     assert result["split_schema_ms"]["gpu_ms"] is None  # (CPU: no GPU interval)
     if max_tokens == 30:  # 10 steps in run C, the new schema at step 5
         assert result["step_max_ms_around_new_schema"] > 0
