@@ -7,7 +7,8 @@
 # host reads step N's ids, then fills N+1's masks, commits N, schedules and packs N+2, all
 # while N+1's forward runs (engine/runner/overlap.py); more than one forward's time and the GPU
 # idles. `fill_par` is also measured alone (llguidance's pool against one row at a time), since
-# it scales with the host's cores and this machine has few.
+# it scales with the host's cores and this machine has few, and once more while another Python
+# thread runs (it then waits for the interpreter lock).
 #   python -m benchmarks.grammar_host [--streams 64] [--steps 40] [--json PATH]
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import statistics
+import threading
 import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -117,6 +119,11 @@ def run_steps(llm: LLM, params: list[SamplingParams], prompt_len: int, steps: in
             "grammar_host_ms": round(grammar, 4)}  # fmt: skip
 
 
+def _spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        pass
+
+
 def fill_scaling(llm: LLM, streams: int, properties: int, steps: int) -> dict:
     """llguidance alone: one row at a time against its pool, over `steps` steps of `streams`
     matchers advancing by the first allowed token of their masks."""
@@ -143,8 +150,20 @@ def fill_scaling(llm: LLM, streams: int, properties: int, steps: int) -> dict:
             bits = np.unpackbits(masks[i].view(np.uint8), bitorder="little")
             allowed = np.flatnonzero(bits)
             m.consume_tokens([int(allowed[(step * 7 + i) % len(allowed)])])
+    # The same pool fill while another Python thread runs (a worker's exchange thread, say):
+    # llguidance's call contends for the interpreter lock.
+    busy, stop = [], threading.Event()
+    spinner = threading.Thread(target=_spin, args=(stop,), daemon=True)
+    spinner.start()
+    for _ in range(min(steps, 10)):
+        t0 = time.perf_counter()
+        fill_next_token_bitmask_par(executor, [(m, i) for i, m in enumerate(matchers)], masks)
+        busy.append(time.perf_counter() - t0)
+    stop.set()
+    spinner.join()
     return {
         "streams": streams,
+        "pool_all_rows_python_thread_busy_median_ms": round(1e3 * statistics.median(busy), 3),
         "one_row_median_ms": round(1e3 * statistics.median(one_row), 4),
         "one_row_mean_ms": round(1e3 * statistics.fmean(one_row), 4),
         "pool_all_rows_median_ms": round(1e3 * statistics.median(pooled), 3),
