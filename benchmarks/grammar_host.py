@@ -167,7 +167,8 @@ def fill_scaling(llm: LLM, streams: int, properties: int, steps: int) -> dict:
         "one_row_median_ms": round(1e3 * statistics.median(one_row), 4),
         "one_row_mean_ms": round(1e3 * statistics.fmean(one_row), 4),
         "pool_all_rows_median_ms": round(1e3 * statistics.median(pooled), 3),
-        "cpu_count": os.cpu_count(),
+        "cpu_count": os.cpu_count(),  # llguidance's pool: 80 % of the CPUs it sees, up to 32
+        "cpu_affinity": len(os.sched_getaffinity(0)),
     }
 
 
