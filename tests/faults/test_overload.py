@@ -3,12 +3,13 @@
 # `overloaded` with a Retry-After) instead of letting every admitted stream crawl. The worker
 # takes only what its engine can start at the TPOT target (its running set stays within the
 # `max_running` its step prices give), the rest waits in Redis where admission counts it, and
-# the requests admitted get their first token well within the bound and finish about as fast as
-# at capacity.
+# the requests admitted get their first token well within the bound and then stream about as
+# fast as at capacity.
 #
 # This machine is shared (2 cores, other jobs): the assertions are on what admission and the
 # worker decide, with margins — a 20 s first-token limit against the 10 s bound admission
-# predicts against, 3× the at-capacity median for a whole stream — never on a race.
+# predicts against, 3× the at-capacity median for a stream after its first token — never on a
+# race.
 from __future__ import annotations
 
 import json
@@ -208,10 +209,12 @@ def test_overload_on_the_default_settings_is_refused_not_crawled(tmp_path_factor
         assert srv.stop() == 0, srv.log()
 
     at_capacity = statistics.median(o.e2e_s for o in served)
+    streaming_at_capacity = statistics.median(o.e2e_s - (o.first_token_s or 0.0) for o in served)
     admitted = [o for o in overload if o.status == 200]
     refused = [o for o in overload if o.status == 503]
     e2e = sorted(o.e2e_s for o in admitted)
     first = sorted(o.first_token_s or 0.0 for o in admitted)
+    streaming = sorted(o.e2e_s - (o.first_token_s or 0.0) for o in admitted)
     p90 = int(0.9 * len(admitted))
     ratios = [(o.first_token_s or 0.0) / max(o.predicted_ttft_s or 0.0, 0.1) for o in admitted]
     print(
@@ -219,16 +222,19 @@ def test_overload_on_the_default_settings_is_refused_not_crawled(tmp_path_factor
         f"{at_capacity:.1f} s); at 3x: {len(refused)} of {len(overload)} refused (Retry-After "
         f"{sorted({o.retry_after for o in refused})}); admitted: first token max "
         f"{first[-1]:.1f} s p90 {first[p90]:.1f} s, e2e median {statistics.median(e2e):.1f} s "
-        f"p90 {e2e[p90]:.1f} s max {e2e[-1]:.1f} s; running max "
+        f"p90 {e2e[p90]:.1f} s max {e2e[-1]:.1f} s, after the first token p90 "
+        f"{streaming[p90]:.1f} s (at capacity: median {streaming_at_capacity:.1f} s); running max "
         f"{max(s['num_running'] for s in samples)}, preemptions {sum(r.preemptions for r in rows)}"
         f"; forecast max {max(o.predicted_ttft_s or 0.0 for o in admitted):.1f} s, measured / "
         f"forecast median {statistics.median(ratios):.2f} max {max(ratios):.2f}"
     )
     check_refusals_and_ends(capacity, overload, rows)
-    # What is admitted gets its first token in time and ends about as fast as at capacity:
-    # nothing crawls.
+    # What is admitted gets its first token in time and, once started, streams about as fast as
+    # at capacity: nothing crawls. (The stream after its first token: the wait before it is
+    # admission's to bound, up to max_queue_wait_s, which may well exceed a short at-capacity
+    # stream when the worker runs few at once.)
     assert first[-1] <= FIRST_TOKEN_LIMIT_S
-    assert e2e[p90] <= 3 * at_capacity
+    assert streaming[p90] <= 3 * streaming_at_capacity
     # The worker took only what it could start at the TPOT target: its running set stayed within
     # the max_running its prices gave (the default max_num_seqs is 256), the rest waited in Redis.
     # (Sampled every 0.25 s, the running set may outlast a max_running that has since dropped.)
