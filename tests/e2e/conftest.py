@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from metering.records import METERING_STREAM, RequestRecord, decode_record
+from tests.e2e.postgres_template import copy_postgres_template
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,6 +192,8 @@ class Server:
 
 
 def start_server(data_dir: Path, *, workers: int | None, env: dict[str, str] | None = None):
+    if not (data_dir / "postgres").exists():
+        copy_postgres_template(data_dir)  # one initdb per session: see postgres_template.py
     port = free_port()
     full_env = service_env({**(env or {}), "FLEETLM_PORT": str(port)})
     log_path = data_dir.parent / f"{data_dir.name}-serve.log"
