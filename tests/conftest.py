@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.postgres_template import copy_postgres_template
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     # One intra-op thread for what runs in the pytest process (the engine on CPU, HF models):
@@ -37,6 +39,7 @@ def services():
     # Not under pytest's basetemp: any concurrent pytest session chmods /tmp/pytest-of-<user>
     # to 0700, which locks out the unprivileged user pgserver runs Postgres as (when root).
     root = Path(tempfile.mkdtemp(prefix="fleetlm-services-"))
+    copy_postgres_template(root / "data")  # one initdb per session: see postgres_template.py
     svc = EmbeddedServices(root / "data")
     svc.start(redis=True, postgres=True)
     try:

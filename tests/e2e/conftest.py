@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from metering.records import METERING_STREAM, RequestRecord, decode_record
-from tests.e2e.postgres_template import copy_postgres_template
+from tests.postgres_template import copy_postgres_template
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
