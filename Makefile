@@ -8,12 +8,13 @@ STAMP := $(VENV)/.installed
 
 # pip's own output shows the progress: a first install takes a few minutes.
 $(STAMP): pyproject.toml
-	@echo "fleetlm: installing the Python environment in $(VENV) (first run, ~3 min)..."
+	@echo "fleetlm: installing the Python environment in $(VENV) (first run, ~2-3 min)..."
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip
-	# CPU build of torch from local disk first, so nothing pulls a CUDA build.
-	$(BIN)/pip install torch==2.13.0 triton==3.6.0
-	$(BIN)/pip install -e '.[dev]'
+	# One resolve. torch pinned: its CPU build from local disk (2.13.0+cpu sorts above the
+	# index's 2.13.0), so nothing pulls a CUDA build. --no-compile: byte-compiling every module
+	# of torch and transformers took a large part of the install; Python compiles what a run
+	# imports, once, on first use.
+	$(BIN)/pip install --no-compile torch==2.13.0 triton==3.6.0 -e '.[dev]'
 	touch $(STAMP)
 	@echo "fleetlm: Python environment ready in $(VENV) (source $(BIN)/activate puts fleetlm on PATH)"
 
