@@ -1,11 +1,11 @@
 # One initdb per test session instead of one per embedded Postgres: a first start's initdb waits
-# for every file of the new cluster to reach the disk, 4-8 s on a busy machine (under 1 s to
-# copy the cluster instead), and the suite starts some twenty `fleetlm serve` on fresh data
-# directories. start_server (tests/e2e/conftest.py) and the in-process tests' services
-# (tests/conftest.py) copy this cluster into a fresh data directory, where pgserver finds it
-# initialized and starts it as after a restart; migrations, tenants and keys are still made by
-# the server itself. The first-start path (initdb inside `fleetlm serve`) stays covered by the
-# README test and `fleetlm bench serve --launch`, which start from nothing.
+# for every file of the new cluster to reach the disk, about 1 s on a quiet 2-core machine and
+# 4-8 s on a busy one (copying the cluster: 0.1-1 s), and the suite starts some twenty
+# `fleetlm serve` on fresh data directories. start_server (tests/e2e/conftest.py) and the
+# in-process tests' services (tests/conftest.py) copy this cluster into a fresh data directory,
+# where pgserver finds it initialized and starts it as after a restart; migrations, tenants and
+# keys are still made by the server itself. The first-start path (initdb inside `fleetlm serve`)
+# stays covered by the README test and `fleetlm bench serve --launch`, which start from nothing.
 from __future__ import annotations
 
 import atexit
