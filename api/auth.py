@@ -8,8 +8,9 @@
 # working from the cache (with the limits it had) while the database does not answer within
 # `database_timeout_s`; a key never verified gets 503 with Retry-After (it may be valid). One
 # lookup per key at a time: while one hangs on an unresponsive database, other requests with that
-# key use the cache at once instead of queueing behind it. A lookup older than the timeout is not
-# joined (it hangs on the outage): once the database is back, the next request looks up afresh.
+# key use the cache at once instead of queueing behind it. A lookup a request timed out on is not
+# joined again (it hangs on the outage): once the database is back, the next request looks up
+# afresh.
 from __future__ import annotations
 
 import asyncio
@@ -62,8 +63,7 @@ class KeyVerifier:
         self._cache_s, self._stale_s = cache_s, stale_s
         self._timeout_s, self._retry_after_s = timeout_s, retry_after_s
         self._cache: dict[str, tuple[Principal, float]] = {}  # key hash → (principal, verified)
-        # key hash → the newest lookup in flight and when it started
-        self._lookups: dict[str, tuple[asyncio.Future, float]] = {}
+        self._lookups: dict[str, asyncio.Future] = {}  # key hash → the lookup to join
         self._threads = ThreadPoolExecutor(MAX_LOOKUP_THREADS, thread_name_prefix="key-lookup")
 
     def _lookup(self, key: str) -> Principal | None:
@@ -107,32 +107,34 @@ class KeyVerifier:
         return principal
 
     async def _looked_up(self, key: str, digest: str, deadline: float) -> Principal | None:
-        """The key's row, by the lookup of this key in flight or a new one. A lookup older than
-        the timeout is stuck on a database that stopped answering (its callers got 503): after
-        an outage it may still be hanging, or fail later, so a request does not join it; and a
-        joined lookup that failed gets one fresh try of this request's own within its time."""
-        lookup, joined = self._lookup_of(key, digest)
+        """The key's row, by the lookup of this key in flight or a new one. A joined lookup that
+        failed gets one fresh try of this request's own within its time."""
+        pending = self._lookups.get(digest)
+        lookup = pending if pending is not None else self._start_lookup(key, digest)
+        try:
+            return await self._within(lookup, digest, deadline)
+        except DATABASE_ERRORS:
+            if pending is None or time.monotonic() >= deadline:
+                raise
+        lookup = self._lookups.get(digest) or self._start_lookup(key, digest)
+        return await self._within(lookup, digest, deadline)
+
+    async def _within(self, lookup: asyncio.Future, digest: str, deadline: float):
         try:
             return await asyncio.wait_for(asyncio.shield(lookup), deadline - time.monotonic())
-        except DATABASE_ERRORS:
-            if not joined or time.monotonic() >= deadline:
-                raise
-        lookup, _ = self._lookup_of(key, digest)
-        return await asyncio.wait_for(asyncio.shield(lookup), deadline - time.monotonic())
-
-    def _lookup_of(self, key: str, digest: str) -> tuple[asyncio.Future, bool]:
-        """(the lookup to await, whether it was already in flight)."""
-        pending = self._lookups.get(digest)
-        if pending is not None and time.monotonic() - pending[1] < self._timeout_s:
-            return pending[0], True
-        return self._start_lookup(key, digest), False
+        except TimeoutError:
+            # It hangs on a database that stopped answering, and may hang on after the database
+            # is back: later requests start their own instead of joining it.
+            if self._lookups.get(digest) is lookup:
+                del self._lookups[digest]
+            raise
 
     def _start_lookup(self, key: str, digest: str) -> asyncio.Future:
         lookup = asyncio.get_running_loop().run_in_executor(self._threads, self._lookup, key)
-        self._lookups[digest] = (lookup, time.monotonic())
+        self._lookups[digest] = lookup
 
         def forget(_: asyncio.Future) -> None:
-            if self._lookups.get(digest, (None,))[0] is lookup:  # not a newer one
+            if self._lookups.get(digest) is lookup:  # not a newer one
                 del self._lookups[digest]
 
         lookup.add_done_callback(forget)
