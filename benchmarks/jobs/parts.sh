@@ -1,0 +1,54 @@
+# The parts a session's job runs, one function each (part_NAME), for a job script to call in the
+# order its $PARTS names: `. benchmarks/jobs/parts.sh; run_parts "tests structured ..."`.
+# Results under $R (common.sh); each part stamps its exit status and prints its headline lines.
+. benchmarks/jobs/common.sh
+
+part_tests() {  # the engine's GPU-path tests and the grammar-mask kernel's
+  PYTHONPATH=/tmp/site:$PWD timeout "${TESTS_S:-420}" python3 -m pytest -q -p no:cacheprovider \
+    tests/engine/test_gpu_paths.py tests/engine/test_overlap_gpu.py tests/engine/test_fp8_tp_gpu.py \
+    tests/kernels/test_token_bitmask.py > "$R/gpu_engine_tests.log" 2>&1
+  stamp "engine gpu tests rc=$?"; tail -8 "$R/gpu_engine_tests.log"
+}
+
+part_structured() {  # issue 38: TPOT with a JSON schema against without, then the host side alone
+  PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m benchmarks.structured_output \
+    --model llama-3.1-8b --streams 64 --max-tokens 256 > "$R/structured_output_8b.log" 2>&1
+  stamp "structured rc=$?"; tail -14 "$R/structured_output_8b.log"
+  PYTHONPATH=/tmp/site:$PWD timeout 200 python3 -m benchmarks.grammar_host \
+    --json "$R/grammar_host_h200.json" > "$R/grammar_host.log" 2>&1
+  stamp "grammar_host rc=$?"; tail -10 "$R/grammar_host.log"
+}
+
+part_serve8() {  # issue 36: the 8B bf16 at 2x its goodput, the brief's TTFT as admission bound
+  OUT=$R/serve8 benchmarks/device_serve.sh --launch --model llama-3.1-8b \
+    --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 --rates "${RATES8:-24}" --duration 120 \
+    --no-stop-on-miss --json "$R/serve8/serve.json" > "$R/serve8.log" 2>&1
+  stamp "serve8 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503" "$R/serve8/bench.log" | tail -12
+}
+
+part_serve70() {  # issues 35/36: the 70B FP8 with an e4m3 KV cache, same bound
+  OUT=$R/serve70 benchmarks/device_serve.sh --launch --model llama-3.1-70b \
+    --server-env FLEETLM_QUANTIZATION=fp8 --server-env FLEETLM_KV_CACHE_DTYPE=fp8 \
+    --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 --rates "${RATES70:-3}" --duration 120 \
+    --no-stop-on-miss --json "$R/serve70/serve.json" > "$R/serve70.log" 2>&1
+  stamp "serve70 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503" "$R/serve70/bench.log" | tail -20
+}
+
+part_breakdown() {  # the 70B FP8 decode step kernel by kernel at the defaults
+  PYTHONPATH=$PWD timeout 300 python3 -m benchmarks.decode_breakdown --model llama-3.1-70b \
+    --quantization fp8 --kv-cache-dtype fp8 --parts decode --batches "${BATCHES:-64}" --context 2000 \
+    --steps 10 --json "$R/decode_breakdown_70b_fp8_default.json" \
+    > "$R/decode_breakdown_70b_fp8_default.log" 2>&1
+  stamp "breakdown rc=$?"; grep -E "decode B=|ms  x" "$R/decode_breakdown_70b_fp8_default.log" | head -12
+}
+
+part_kernels() {  # every kernel test compiled on the GPU
+  PYTHONPATH=/tmp/site:$PWD timeout 600 python3 -m pytest -q -p no:cacheprovider tests/kernels \
+    > "$R/gpu_kernel_tests.log" 2>&1
+  stamp "kernel gpu tests rc=$?"; tail -8 "$R/gpu_kernel_tests.log"
+}
+
+run_parts() {
+  nvidia-smi -L
+  for part in $1; do stamp "part $part"; "part_$part"; done
+}
