@@ -61,6 +61,24 @@ def decode_steps(
     return times[5:]  # the first decode steps still mix in the last prefills
 
 
+def slowest_step(cols: dict, arrival: int | None) -> dict | None:
+    """Run C's slowest step near the new schema's arrival, as the step trace split it (ms,
+    plus its Triton compiles and batch shape): where a stall came from."""
+    if arrival is None:
+        return None
+    first = max(arrival - 5, 0)
+    walls = list(cols["wall_s"][first : arrival + 30])
+    if not walls:
+        return None
+    i = first + max(range(len(walls)), key=walls.__getitem__)
+    step = {name.removesuffix("_s") + "_ms": round(1e3 * cols[name][i], 3)
+            for name in ("wall_s", *SPLIT_FIELDS) if cols[name][i] == cols[name][i]}  # fmt: skip
+    for name in ("kernel_compiles", "num_tokens", "num_decodes", "num_seqs"):
+        if name in cols:
+            step[name] = int(cols[name][i])
+    return {"step": i, **step}
+
+
 def new_schema_window(gaps: list[float], arrival: int | None) -> dict:
     """Run C's step times: the median over the run, the most from 5 steps before the new
     schema's arrival to 30 after. A run too short for an arrival has no such window: its
@@ -111,6 +129,7 @@ def main() -> None:
     engine = llm.engine
     for i, p in enumerate(plain):
         engine.add_request(f"c-{i}", [100 + i] * args.prompt_len, p)
+    trace = engine.enable_step_trace()
     gaps = []
     # The new schema arrives at step 30, or halfway through a shorter run (none in a run of
     # fewer than 2 steps: --max-tokens below 22).
@@ -125,6 +144,8 @@ def main() -> None:
         gaps.append(time.perf_counter() - t0)
     while engine.has_unfinished():
         engine.step()
+    slowest = slowest_step(trace.columns(), arrival)
+    engine.disable_step_trace()
     result = {
         "model": args.model,
         "streams": n,
@@ -134,6 +155,7 @@ def main() -> None:
         "overlapped": overlap is not None,
         "schema_steps_synced": synced,
         **new_schema_window(gaps, arrival),
+        "slowest_step_around_new_schema": slowest,
         "split_plain_ms": split_a,
         "split_schema_ms": split_b,
     }

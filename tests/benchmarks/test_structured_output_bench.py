@@ -34,6 +34,10 @@ def test_structured_output_bench_smoke(max_tokens):
     if max_tokens == 30:  # 10 steps in run C, the new schema at step 5
         assert result["step_max_ms_around_new_schema"] > 0
         assert result["new_schema_window"] == "steps 0-9, arrival at 5"
+        slowest = result["slowest_step_around_new_schema"]
+        assert 0 <= slowest["step"] < 10 and slowest["wall_ms"] > 0
+        assert slowest["kernel_compiles"] >= 0 and slowest["num_seqs"] >= 1
     else:  # no step in run C at all
         assert result["step_max_ms_around_new_schema"] is None
         assert result["new_schema_window"].startswith("none:")
+        assert result["slowest_step_around_new_schema"] is None
