@@ -86,8 +86,9 @@ def ll_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]
     tokenizer does not have are never allowed), the model's end-of-sequence ids."""
     eos = list(eos_token_ids) or None
     backend_json = getattr(tokenizer, "backend_json", None)
-    if backend_json is not None:
-        return LLTokenizer(backend_json(), n_vocab=vocab_size, eos_token=eos)
+    source = backend_json() if backend_json is not None else None
+    if source is not None:  # tokenized in Rust (a Python tokenizer is called once per mask)
+        return LLTokenizer(source, n_vocab=vocab_size, eos_token=eos)
     wrapper = _ByteTokens(tokenizer, vocab_size, eos_token_ids)
     return LLTokenizer(llguidance.TokenizerWrapper(wrapper), n_vocab=vocab_size, eos_token=eos)
 

@@ -394,3 +394,48 @@ class ByteTokenizer(_ChatMixin):
         if m := re.fullmatch(r"<0x([0-9A-F]{2})>", token):
             return int(m.group(1), 16)
         return self._name_to_id.get(token)
+
+    def backend_json(self) -> str | None:
+        """The vocabulary as a tokenizers-library JSON, so a grammar engine tokenizes in Rust
+        (through a Python callback it would take the interpreter lock once per constrained row
+        and step): a byte-level BPE without merges, which encodes text to its UTF-8 bytes as
+        encode() does, every other id its piece, the specials as special added tokens. None
+        when the pieces would repeat (a vocabulary past 256 + 64² + 64³ ids) or a special
+        shares an id with a byte (bos 1, eos 2): a JSON vocabulary cannot say both."""
+        if self.vocab_size > 256 + _PAIRS + _PAIRS * len(_VISIBLE) or min(self._specials) < 256:
+            return None
+        chars = _byte_level_chars()
+        vocab = {chars[b]: b for b in range(256)}
+        added = []
+        for i in range(256, self.vocab_size):
+            if i in self._specials:
+                name = self._id_to_name.get(i, f"<|special_{i}|>")
+                vocab[name] = i  # in the model's vocabulary too, or tokenizers renumbers it
+                added.append({"id": i, "content": name, "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False, "special": True})  # fmt: skip
+            else:
+                vocab["".join(chars[b] for b in _piece(i).encode())] = i
+        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                      "use_regex": False}  # fmt: skip
+        model = {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "ignore_merges": False, "vocab": vocab, "merges": [],
+        }  # fmt: skip
+        return json.dumps({
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
+            "decoder": byte_level, "model": model,
+        })  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def _byte_level_chars() -> list[str]:
+    """Byte-level BPE's alphabet: byte b → the printable character that stands for it in a
+    vocabulary (printable Latin-1 bytes themselves, the rest shifted past U+0100 in order)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in chars)
+    for n, b in enumerate(shifted):
+        chars[b] = chr(0x100 + n)
+    return [chars[b] for b in range(256)]

@@ -359,3 +359,21 @@ def test_a_long_text_is_encoded_without_holding_the_interpreter_lock():
     thread.join()
     assert result[0] == tok._tok.encode(text).ids  # the same tokens either way
     assert turns >= 20, f"the main thread ran {turns} times during the encode"
+
+
+def test_byte_tokenizer_backend_json_is_the_same_vocabulary() -> None:
+    # What grammar engines tokenize with in Rust (engine/grammar.py): the same ids for text and
+    # specials, the same bytes for every id past the byte range.
+    from tokenizers import Tokenizer as Backend
+
+    tok = Tokenizer.for_model("llama-3.1-8b")
+    backend = Backend.from_str(tok.backend_json())
+    assert backend.get_vocab_size() == tok.vocab_size
+    for text in ["héllo 🙂", '{"a": [1, 2]}\n\t', f"{IM_START}user\nhi{IM_END}{BOS}", "  x  "]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert backend.encode(text, add_special_tokens=False).ids == ids
+        assert backend.decode(ids, skip_special_tokens=False) == tok.decode(ids, False)
+    for i in [*range(256, 4400, 7), *range(127990, 128256)]:
+        assert backend.decode([i]) == tok.decode([i]), i
+    # A special that is also a byte's id (bos 1) cannot be said in a JSON vocabulary.
+    assert ByteTokenizer(32000, 1, (2,)).backend_json() is None

@@ -74,3 +74,11 @@ def test_step_timing_trace_file(tmp_path):
     assert set(WORKER_FIELDS) <= set(cols)
     assert len(cols["start"]) == steps
     assert (cols["exchange_io_s"] == 0.001).all() and (cols["loop_s"] > 0).all()
+
+
+def test_the_worker_builds_the_grammar_vocabulary_before_taking_requests():
+    # llguidance reads the vocabulary holding the interpreter lock (1-2 s at 128k ids): done at
+    # start-up, the first constrained request compiles only its grammar.
+    engine = build_engine(Settings(_env_file=None, model="tiny", device="cpu", num_kv_blocks=64))
+    grammars = engine.grammars
+    assert grammars._tokenizer is not None and grammars.num_compiled == 0

@@ -66,7 +66,20 @@ def new_worker_id() -> str:
 def build_engine(settings: Settings) -> LLMEngine:
     threads = apply_torch_threads(settings.device, settings.torch_threads)
     log.info("torch uses %d intra-op thread(s) (FLEETLM_TORCH_THREADS overrides)", threads)
-    return LLMEngine(settings.engine_config())
+    engine = LLMEngine(settings.engine_config())
+    prepare_grammars(engine)
+    return engine
+
+
+def prepare_grammars(engine: LLMEngine) -> None:
+    """The grammar engine's view of the vocabulary, built before the worker takes requests:
+    llguidance holds the interpreter lock while it reads it (1-2 s at 128k ids), which at the
+    first constrained request would stall every stream of the worker. Skipped, with a line,
+    where llguidance is not installed (constrained requests then fail, nothing else does)."""
+    try:
+        _ = engine.grammars.tokenizer  # built and cached on first access
+    except ImportError as exc:
+        log.warning("structured outputs unavailable on this worker: %s", exc)
 
 
 class GpuWorker:
