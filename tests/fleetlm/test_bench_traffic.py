@@ -151,3 +151,11 @@ def test_a_refusal_is_reported_with_its_error_code():
     assert _error_code(b'{"error": {"message": "m", "code": null}}') == ""
     assert _error_code(b"<html>bad gateway</html>") == ""
     assert _error_code(b"[1, 2]") == ""
+
+
+def test_percentiles_report_the_worst_value():
+    from fleetlm.bench.latency import percentiles
+
+    result = percentiles([0.3, 0.1, 2.5, 0.2])
+    assert result["max"] == 2.5 and result["p50"] == 0.2 and result["mean"] == pytest.approx(0.775)
+    assert math.isnan(percentiles([])["max"])
