@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import statistics
 import time
@@ -61,22 +62,23 @@ def decode_steps(
     return times[5:]  # the first decode steps still mix in the last prefills
 
 
-def slowest_step(cols: dict, arrival: int | None) -> dict | None:
+def slowest_step(cols: dict, rows_at: list[int], arrival: int | None) -> dict | None:
     """Run C's slowest step near the new schema's arrival, as the step trace split it (ms,
-    plus its Triton compiles and batch shape): where a stall came from."""
+    plus its Triton compiles and batch shape): where a stall came from. rows_at[k]: the trace
+    rows recorded before step k (a step may record none, or more than one)."""
     if arrival is None:
         return None
-    first = max(arrival - 5, 0)
-    walls = list(cols["wall_s"][first : arrival + 30])
-    if not walls:
+    first, last = max(arrival - 5, 0), min(arrival + 30, len(rows_at) - 1)
+    rows = range(rows_at[first], rows_at[last])
+    if not rows:
         return None
-    i = first + max(range(len(walls)), key=walls.__getitem__)
+    i = max(rows, key=lambda r: cols["wall_s"][r])
     step = {name.removesuffix("_s") + "_ms": round(1e3 * cols[name][i], 3)
             for name in ("wall_s", *SPLIT_FIELDS) if cols[name][i] == cols[name][i]}  # fmt: skip
     for name in ("kernel_compiles", "num_tokens", "num_decodes", "num_seqs"):
-        if name in cols:
+        if name in cols and cols[name][i] == cols[name][i]:
             step[name] = int(cols[name][i])
-    return {"step": i, **step}
+    return {"step": bisect.bisect_right(rows_at, i) - 1, **step}
 
 
 def new_schema_window(gaps: list[float], arrival: int | None) -> dict:
@@ -135,7 +137,9 @@ def main() -> None:
     # fewer than 2 steps: --max-tokens below 22).
     num_steps = max(m - 20, 0)
     arrival = min(30, num_steps // 2) if num_steps >= 2 else None
+    rows_at = []
     for step in range(num_steps):
+        rows_at.append(trace.num_recorded)
         if step == arrival:
             fresh = SamplingParams(max_tokens=m, structured_output=schema(args.properties, "n"))
             engine.add_request("c-new-schema", [7] * args.prompt_len, fresh)
@@ -144,7 +148,8 @@ def main() -> None:
         gaps.append(time.perf_counter() - t0)
     while engine.has_unfinished():
         engine.step()
-    slowest = slowest_step(trace.columns(), arrival)
+    rows_at.append(trace.num_recorded)
+    slowest = slowest_step(trace.columns(), rows_at, arrival)
     engine.disable_step_trace()
     result = {
         "model": args.model,
