@@ -302,11 +302,12 @@ def _load_chat_template(path: Path, config: Mapping[str, Any]) -> str | dict[str
 # made each constrained row's mask ~10x the work of a real tokenizer's (benchmarks/grammar_host).
 _VISIBLE = "etaoinshrdlucmfwypvbgkjqxz ETAOINSHRDLUCMFWYPVBGKJQXZ0123456789.,"  # 64 distinct
 _PAIRS = len(_VISIBLE) ** 2
+_DISTINCT_IDS = 256 + _PAIRS + _PAIRS * len(_VISIBLE)  # ids below this have distinct pieces
 
 
 def _piece(token_id: int) -> str:
     """The text of an id past the bytes: the (id - 256)-th string of two, then three, of the
-    _VISIBLE characters (distinct for every id below 256 + 64² + 64³ = 266,496)."""
+    _VISIBLE characters (distinct below _DISTINCT_IDS = 256 + 64² + 64³ = 266,496)."""
     k = token_id - 256
     n = len(_VISIBLE)
     if k < _PAIRS:
@@ -400,9 +401,9 @@ class ByteTokenizer(_ChatMixin):
         (through a Python callback it would take the interpreter lock once per constrained row
         and step): a byte-level BPE without merges, which encodes text to its UTF-8 bytes as
         encode() does, every other id its piece, the specials as special added tokens. None
-        when the pieces would repeat (a vocabulary past 256 + 64² + 64³ ids) or a special
+        when the pieces would repeat (a vocabulary past _DISTINCT_IDS) or a special
         shares an id with a byte (bos 1, eos 2): a JSON vocabulary cannot say both."""
-        if self.vocab_size > 256 + _PAIRS + _PAIRS * len(_VISIBLE) or min(self._specials) < 256:
+        if self.vocab_size > _DISTINCT_IDS or min(self._specials) < 256:
             return None
         chars = _byte_level_chars()
         vocab = {chars[b]: b for b in range(256)}
