@@ -31,6 +31,7 @@ from api.stream_mux import StreamMux
 from engine.tokenizer import Tokenizer
 from metering.db import make_engine, make_sessionmaker
 from service.celery_app import configure
+from service.prepare import prepare_grammars
 from service.redis_clients import async_redis
 from service.schemas.models import ModelCard
 from service.settings import Settings
@@ -82,6 +83,7 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
             ),
             leases=ClientLeases(redis, settings),
         )
+        prepare_grammars(app.state.fleetlm.tokenizer)
         try:
             yield
         finally:

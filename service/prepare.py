@@ -107,6 +107,13 @@ def _grammar_compiler(tokenizer: object) -> GrammarCompiler:
     return GrammarCompiler(tokenizer, tokenizer.vocab_size, tuple(tokenizer.eos_token_ids))
 
 
+def prepare_grammars(tokenizer: object) -> None:
+    """Build the grammar engine's view of the vocabulary at start-up: llguidance holds the
+    interpreter lock while it reads it (1-2 s at 128k ids), which at the first request with a
+    schema would stall every stream the API process relays."""
+    _ = _grammar_compiler(tokenizer).tokenizer  # built and cached on first access
+
+
 def check_structured_output(state: AdmissionContext, body: SamplingRequest) -> None:
     """Compile the request's grammar once here (cached per spec), so a schema, regex or
     grammar that llguidance cannot take is a 400 naming its field, not a failed request."""
