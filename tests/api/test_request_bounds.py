@@ -206,14 +206,13 @@ def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_tokenisin
     assert f"{len(prompt)} characters" in error["message"], error
 
 
-def test_the_api_builds_the_grammar_vocabulary_at_start_up(services):
-    # llguidance reads the vocabulary holding the interpreter lock: done before serving, the
-    # first request with a schema does not stall the process's streams.
-    from api.main import create_app
-    from service.prepare import _grammar_compiler
-    from tests.api.conftest import SETTINGS
+def test_prepare_grammars_builds_the_vocabulary_before_any_schema():
+    # llguidance reads the vocabulary holding the interpreter lock: the API's lifespan calls
+    # this before serving, so the first request with a schema compiles only its grammar.
+    from engine.tokenizer import Tokenizer
+    from service.prepare import _grammar_compiler, prepare_grammars
 
-    _grammar_compiler.cache_clear()  # a fresh process's: no compiler yet
-    with TestClient(create_app(SETTINGS, services.redis_url, services.database_url)) as client:
-        compiler = _grammar_compiler(client.app.state.fleetlm.tokenizer)
-        assert compiler._tokenizer is not None and compiler.num_compiled == 0
+    tokenizer = Tokenizer.for_model("tiny")
+    prepare_grammars(tokenizer)
+    compiler = _grammar_compiler(tokenizer)
+    assert compiler._tokenizer is not None and compiler.num_compiled == 0
