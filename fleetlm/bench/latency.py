@@ -48,6 +48,7 @@ class RequestRecord:
     server_ttft_s: float | None = None
     # What fleetlm's admission forecast for its first token (x-fleetlm-predicted-ttft)
     predicted_ttft_s: float | None = None
+    retry_after: str | None = None  # the Retry-After header of a refusal, as sent
 
     @property
     def ok(self) -> bool:
@@ -121,10 +122,26 @@ def summarize_class(records: list[RequestRecord], t0: float, t1: float, targets:
             "chunks_per_token": sum(len(r.token_times) for r in done)
             / max(sum(r.num_output for r in done), 1),
             "cached_fraction": sum(r.num_cached for r in done) / max(in_tokens, 1),
+            # Of the tokens generated for the window's requests, the share that went to requests
+            # that completed (a stream that failed or was cut off wasted the rest).
+            "completed_token_share": sum(r.num_output for r in done)
+            / max(sum(r.num_output for r in records), 1),
+            # Refusals (HTTP 503) and how many of them said when to come back.
+            "refused": sum(r.status.startswith("http_503") for r in records),
+            "refused_with_retry_after": sum(
+                r.status.startswith("http_503") and _positive_int(r.retry_after) for r in records
+            ),
         }
         | _server_side(done, targets)
         | _forecast(done)
     )
+
+
+def _positive_int(header: str | None) -> bool:
+    try:
+        return header is not None and int(header) >= 1
+    except ValueError:
+        return False
 
 
 def _forecast(done: list[RequestRecord]) -> dict:

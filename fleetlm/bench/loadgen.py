@@ -104,6 +104,7 @@ async def _send(session, target: Target, index: int, r: BenchRequest, t0: float,
                 rec.predicted_ttft_s = float(predicted)
             if resp.status != 200:
                 rec.status = f"http_{resp.status}" + _error_code(await resp.read())
+                rec.retry_after = resp.headers.get("retry-after")
                 return rec
             async for line in resp.content:
                 if not line.startswith(b"data: "):
@@ -116,6 +117,7 @@ async def _send(session, target: Target, index: int, r: BenchRequest, t0: float,
                 if "error" in obj:
                     err = obj["error"] or {}
                     rec.status = f"error:{err.get('code') or err.get('type') or 'unknown'}"
+                    rec.num_output = max(rec.num_output, chunks)  # generated, not completed
                     return rec
                 for choice in obj.get("choices") or ():
                     if _chunk_text(choice):

@@ -248,6 +248,16 @@ def one_line(run: dict) -> str:
             f"TTFT {_s(t['p50'])}/{_s(t['p95'])} s; client − server TTFT "
             f"{_s(gap['p50'])}/{_s(gap['p95'])} s"
         )
+    if every.get("refused") or step.get("gpu_busy_fraction") is not None:
+        # What an overload run is judged by: the worst admitted first token against the bound,
+        # the tokens that went to requests that completed, refusals that say when to come back.
+        line += (
+            f"\n    interactive TTFT max {_s(inter['ttft_s']['max'])} s; "
+            f"{every['completed_token_share']:.1%} of generated tokens to completed requests; "
+            f"refused {every['refused']} ({every['refused_with_retry_after']} with Retry-After)"
+        )
+        if step.get("gpu_busy_fraction") is not None:
+            line += f"; GPU busy {step['gpu_busy_fraction']:.1%}"
     fleet = fleet_line(run.get("fleet"))
     return f"{line}\n{fleet}" if fleet else line
 

@@ -159,3 +159,17 @@ def test_percentiles_report_the_worst_value():
     result = percentiles([0.3, 0.1, 2.5, 0.2])
     assert result["max"] == 2.5 and result["p50"] == 0.2 and result["mean"] == pytest.approx(0.775)
     assert math.isnan(percentiles([])["max"])
+
+
+def test_an_overload_run_reports_refusals_and_the_tokens_that_went_to_completed_requests():
+    steady = [_record(i, 4.0 + i, ttft=0.1, tpot=0.02, n_out=30) for i in range(4)]
+    refused = [_record(10 + i, 5.0, 0, 0, 0, status="http_503:overloaded") for i in range(3)]
+    refused[0].retry_after, refused[1].retry_after = "2", "0"  # the third sent none
+    cut = _record(20, 6.0, 0, 0, 0, status="error:preempted")
+    cut.num_output = 40  # generated and streamed, then failed: wasted
+    report = summarize([*steady, *refused, cut], duration_s=10.0, warmup_fraction=0.3,
+                       targets=Targets())  # fmt: skip
+    every = report["all"]
+    assert every["refused"] == 3 and every["refused_with_retry_after"] == 1
+    assert every["completed_token_share"] == pytest.approx(120 / 160)
+    assert report["interactive"]["ttft_s"]["max"] == pytest.approx(0.1)

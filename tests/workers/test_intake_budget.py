@@ -11,7 +11,7 @@ from engine.config import EngineConfig
 from engine.core.step_cost import StepFeatures, chunk_pairs
 from service.settings import Settings
 from workers.gpu.intake_budget import intake_budget
-from workers.gpu.load_report import LoadReport
+from workers.gpu.load_report import FINISHED_WINDOW, LoadReport
 from workers.gpu.step_prices import StepPrices
 
 # A synthetic machine: 10 ms fixed per turn, 20 ms more with a prompt chunk, 5 ms per decode
@@ -172,5 +172,34 @@ def test_the_mean_prompt_is_reported_less_what_the_prefix_cache_held():
     report.on_finished(32, 1600, cached_tokens=1584)
     assert report.mean_uncached_prompt_tokens == 16 and report.mean_prompt_tokens == 1600
     report.on_finished(32, 1600)
-    assert report.mean_uncached_prompt_tokens == 0.3 * 1600 + 0.7 * 16
-    assert report.fields()["mean_uncached_prompt_tokens"] == "491.2"
+    assert report.mean_uncached_prompt_tokens == (1600 + 16) / 2
+    assert report.fields()["mean_uncached_prompt_tokens"] == "808.0"
+
+
+def test_one_long_document_moves_the_means_by_its_share_of_the_window():
+    report = LoadReport()
+    for _ in range(FINISHED_WINDOW):
+        report.on_finished(400, 2000, cached_tokens=1200)
+    report.on_finished(400, 30_000)
+    assert report.mean_uncached_prompt_tokens == 800 + (30_000 - 800) / FINISHED_WINDOW
+    for _ in range(FINISHED_WINDOW):
+        report.on_finished(400, 2000, cached_tokens=1200)
+    assert report.mean_uncached_prompt_tokens == 800 and report.mean_output_tokens == 400
+
+
+def test_the_seats_count_each_rows_share_of_the_prompts_the_turns_carry():
+    # Every running request is replaced every mean output (32 turns here), so each turn also
+    # carries rows / 32 new prompts. At 16 uncached tokens a prompt costs 20 ms + 1.6 ms: 0.675
+    # ms a row and turn, and 10 ms + (5.03 + 0.675) ms per row <= 40 ms still allows 5 rows.
+    prices, eng = fitted_prices(), engine()
+    short = intake_budget(eng, prices, report(prompt=16), settings(tpot_target_s=0.04))
+    assert short.max_running == 5
+    # At 800 uncached tokens a prompt costs 100 ms: 3.1 ms a row and turn. Decode turns alone
+    # (5.82 ms a row at 816 tokens of context) would allow 5 rows; with the prompts, 3.
+    long = intake_budget(eng, prices, report(prompt=800), settings(tpot_target_s=0.04))
+    assert long.max_running == 3
+    # A machine whose lone turn with its prompt share (18.9 ms) is past half the target keeps
+    # the lone-turn floor of decode turns alone: (2 × 15.8 ms - 10 ms) / 5.82 ms = 3 rows at a
+    # 20 ms target (with the prompts it would get 1).
+    floor = intake_budget(eng, prices, report(prompt=800), settings(tpot_target_s=0.02))
+    assert floor.max_running == 3

@@ -4,12 +4,15 @@
 # the API, never as a running set so large that every stream crawls. Per turn, the least of:
 #
 #   waiting  worker_max_waiting minus the requests already in the engine's waiting queue
-#   seats    the running set the TPOT target allows (the decode turn the step prices predict
-#            for that many rows of the mean context stays within tpot_target_s; max_num_seqs
-#            until the prices are fitted) minus what runs and waits. A machine whose lone
-#            stream's turn is already near the target (a loaded CPU) batches until its turn is
+#   seats    the running set the TPOT target allows (the turn the step prices predict for
+#            that many rows of the mean context, each row with its share of the prompts the
+#            turns carry in steady state, stays within tpot_target_s; max_num_seqs until the
+#            prices are fitted) minus what runs and waits. A machine whose lone stream's turn
+#            is already near the target (a loaded CPU) batches until its decode turn is
 #            LONE_TURN_FACTOR times a lone stream's instead: half its best throughput, rather
-#            than one stream at a time
+#            than one stream at a time. That floor prices decode turns alone: a CPU's prompt
+#            prices are too noisy to size the running set by (counting them there made
+#            max_running swing from 55 to 2 between runs)
 #   kv       free KV blocks, less what the running and waiting requests still need to reach
 #            their expected length and a kv_headroom share of the pool, in blocks of the mean
 #            request: admission keeps headroom so that preemption stays a transient event
@@ -113,8 +116,17 @@ def intake_budget(
     prefill_token_s = decode_token_s = decode_step_s = None
     if prices.fitted:
         lone = prices.decode_step_s(1, int(context_per_row))
-        target = max(settings.tpot_target_s, LONE_TURN_FACTOR * lone)
-        max_running = prices.max_rows(target, context_per_row, max_running)
+        # In steady state a running request is replaced every mean_output turns, so a turn
+        # also carries rows / mean_output new prompts (what the prefix cache did not hold):
+        # on a 70B their prefill slows every stream's turn about as much as the decodes do.
+        prompt_share = prices.prefill_s(int(report.mean_uncached_prompt_tokens)) / mean_output
+        if settings.tpot_target_s >= LONE_TURN_FACTOR * (lone + prompt_share):
+            max_running = prices.max_rows(
+                settings.tpot_target_s, context_per_row, max_running, prompt_share
+            )
+        else:  # the lone-turn floor: decode turns alone (see LONE_TURN_FACTOR)
+            target = max(settings.tpot_target_s, LONE_TURN_FACTOR * lone)
+            max_running = prices.max_rows(target, context_per_row, max_running)
         # An output token's price is a decode turn shared by the running set the engine
         # sustains: the TPOT target's, or fewer when the KV pool holds fewer mean requests.
         rows = max(1, min(max_running, (bm.num_blocks - headroom) // per_request))

@@ -13,10 +13,17 @@
 # the sustained load where shedding matters, every turn steps and this is the wall-clock rate.
 from __future__ import annotations
 
+from collections import deque
+
 from service.admission import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS
 
 WINDOW_S = 1.0  # seconds of work per rate sample
-ALPHA = 0.3  # weight of the newest sample (rate) / finished request (mean output)
+ALPHA = 0.3  # weight of the newest rate sample
+# The mean lengths are over the last FINISHED_WINDOW finished requests, not a moving average:
+# the brief's traffic has a 2 % tail of 8k-30k-token documents and lognormal outputs, and one
+# such request moved a 0.3-weighted mean by thousands of tokens, and the running set the
+# seat rule sizes from it (workers/gpu/intake_budget.py) with it.
+FINISHED_WINDOW = 64
 
 
 class LoadReport:
@@ -28,7 +35,7 @@ class LoadReport:
         self.mean_uncached_prompt_tokens = DEFAULT_PROMPT_TOKENS
         self._tokens = 0
         self._busy_s = 0.0
-        self._num_finished = 0
+        self._finished: deque[tuple[int, int, int]] = deque(maxlen=FINISHED_WINDOW)
 
     def on_step(self, num_tokens: int, busy_s: float) -> None:
         self._tokens += num_tokens
@@ -42,16 +49,12 @@ class LoadReport:
     def on_finished(
         self, completion_tokens: int, prompt_tokens: int, cached_tokens: int = 0
     ) -> None:
-        first = self._num_finished == 0
-        self._num_finished += 1
-
-        def mean(old: float, n: int) -> float:
-            return float(n) if first else ALPHA * n + (1 - ALPHA) * old
-
-        self.mean_output_tokens = mean(self.mean_output_tokens, completion_tokens)
-        self.mean_prompt_tokens = mean(self.mean_prompt_tokens, prompt_tokens)
         uncached = max(0, prompt_tokens - cached_tokens)
-        self.mean_uncached_prompt_tokens = mean(self.mean_uncached_prompt_tokens, uncached)
+        self._finished.append((completion_tokens, prompt_tokens, uncached))
+        n = len(self._finished)
+        self.mean_output_tokens = sum(f[0] for f in self._finished) / n
+        self.mean_prompt_tokens = sum(f[1] for f in self._finished) / n
+        self.mean_uncached_prompt_tokens = sum(f[2] for f in self._finished) / n
 
     def fields(self) -> dict[str, str]:
         return {

@@ -73,12 +73,16 @@ class StepPrices:
         w = self.model.weights
         return self.scale * float(w[4]), self.scale * float(w[5])
 
-    def max_rows(self, target_s: float, context_per_row: float, limit: int) -> int:
-        """The largest running set (≤ limit) whose decode turn stays within target_s; never
-        below 1, so a machine slower than the target still serves one stream at a time."""
+    def max_rows(
+        self, target_s: float, context_per_row: float, limit: int, extra_per_row: float = 0.0
+    ) -> int:
+        """The largest running set (≤ limit) whose turn stays within target_s, a row costing
+        its decode and `extra_per_row` seconds more (its share of the prompts the turns carry);
+        never below 1, so a machine slower than the target still serves one stream at a time."""
         w = self.model.weights
         fixed = self.scale * w[0]
         per_row = self.scale * max(w[2] + w[3] * context_per_row, MIN_ROW_SHARE * w[0])
+        per_row += extra_per_row
         if per_row <= 0:
             return limit
         return max(1, min(limit, int((target_s - fixed) / per_row)))
