@@ -122,3 +122,23 @@ def test_the_worker_that_gets_the_first_token_out_soonest_is_the_forecast():
 def test_a_worker_without_prefill_prices_falls_back_on_the_mean_prompt_price():
     old = worker(prefill_step_s=None)
     assert load(old).predict("interactive", 2000).ttft_s == pytest.approx(2000 * TOK_S)
+
+
+def test_a_short_interactive_prompt_waits_for_the_engines_hold_under_a_step_target():
+    # With a step-time target the engine spreads a short interactive prompt toward its
+    # deadline for 0.3 s after its enqueue, then gives it whole steps.
+    held = worker(prefill_hold_s=0.3, prefill_hold_tokens=4000)
+    fast = STEP_S + 2000 * TOK_S + DECODE_S
+    assert load(held).predict("interactive", 2000).ttft_s == pytest.approx(0.3 + fast)
+    # Not for a long prompt (its deadline is later), a flex one, or an engine with no decodes
+    # running (it then gives prompts the whole step).
+    long = 2 * STEP_S + 5000 * TOK_S + DECODE_S
+    assert load(held).predict("interactive", 5000).ttft_s == pytest.approx(long)
+    assert load(held).predict("batch", 2000).ttft_s == pytest.approx(fast)
+    idle = dataclasses.replace(held, decode_step_s=0.0)
+    assert load(idle).predict("interactive", 2000).ttft_s == pytest.approx(STEP_S + 0.2)
+    # A wait for a seat longer than the hold hides it (both count from the enqueue).
+    seated_later = dataclasses.replace(held, startable={"interactive": 0, "batch": 0})
+    queued = int(2 * (MEAN_PROMPT + MEAN_OUTPUT))
+    prediction = load(seated_later, interactive=queued).predict("interactive", 2000)
+    assert prediction.ttft_s == pytest.approx(3 * MEAN_WORK_S + fast)

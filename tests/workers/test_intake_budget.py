@@ -198,8 +198,12 @@ def test_the_seats_count_each_rows_share_of_the_prompts_the_turns_carry():
     # (5.82 ms a row at 816 tokens of context) would allow 5 rows; with the prompts, 3.
     long = intake_budget(eng, prices, report(prompt=800), settings(tpot_target_s=0.04))
     assert long.max_running == 3
-    # A machine whose lone turn with its prompt share (18.9 ms) is past half the target keeps
-    # the lone-turn floor of decode turns alone: (2 × 15.8 ms - 10 ms) / 5.82 ms = 3 rows at a
-    # 20 ms target (with the prompts it would get 1).
+    # A machine whose lone turn with its prompt share (18.9 ms) is past half the target batches
+    # until its turn is twice that instead: (37.9 ms - 10 ms) / 8.94 ms = 3 rows at a 20 ms
+    # target, not the 1 the target alone would allow.
     floor = intake_budget(eng, prices, report(prompt=800), settings(tpot_target_s=0.02))
     assert floor.max_running == 3
+    # ... and it counts the prompts too: with long prompts its running set is smaller than
+    # decode turns alone would make it, (2 × 15.8 ms - 10 ms) / 5.82 ms = 3 rows.
+    bigger = intake_budget(eng, prices, report(prompt=800, output=8), settings(tpot_target_s=0.02))
+    assert bigger.max_running == 2

@@ -8,11 +8,12 @@
 #            that many rows of the mean context, each row with its share of the prompts the
 #            turns carry in steady state, stays within tpot_target_s; max_num_seqs until the
 #            prices are fitted) minus what runs and waits. A machine whose lone stream's turn
-#            is already near the target (a loaded CPU) batches until its decode turn is
+#            is already near the target (a loaded CPU) batches until its turn is
 #            LONE_TURN_FACTOR times a lone stream's instead: half its best throughput, rather
-#            than one stream at a time. That floor prices decode turns alone: a CPU's prompt
-#            prices are too noisy to size the running set by (counting them there made
-#            max_running swing from 55 to 2 between runs)
+#            than one stream at a time. (The prompt share counts there too: a 70B FP8 on an
+#            H200 has a ~20 ms lone turn, and a floor of decode turns alone let it run 79 at
+#            once, TPOT p50 61 ms.) The mean lengths are over the last 64 finished requests:
+#            with a moving average the share swung with every long document
 #   kv       free KV blocks, less what the running and waiting requests still need to reach
 #            their expected length and a kv_headroom share of the pool, in blocks of the mean
 #            request: admission keeps headroom so that preemption stays a transient event
@@ -72,6 +73,10 @@ class IntakeBudget:
     # their tokens' and pairs' seconds
     prefill_ahead_tokens: dict[str, int] = field(default_factory=dict)
     prefill_ahead_s: dict[str, float] = field(default_factory=dict)
+    # With a step-time target, how long the engine spreads an interactive prompt of fewer than
+    # prefill_hold_tokens toward its deadline before giving it whole steps (its TTFT guard)
+    prefill_hold_s: float = 0.0
+    prefill_hold_tokens: int = 0
 
     def fields(self) -> dict[str, str]:
         """For the worker's stats hash (read by api/load_shedding.py)."""
@@ -81,6 +86,8 @@ class IntakeBudget:
             "limited_by": self.limited_by,
             "max_running": str(self.max_running),
             "oldest_waiting_s": f"{self.oldest_waiting_s:.3f}",
+            "prefill_hold_s": f"{self.prefill_hold_s:.3f}",
+            "prefill_hold_tokens": str(self.prefill_hold_tokens),
         }
         if self.prefill_token_s is not None and self.decode_token_s is not None:
             out["prefill_token_s"] = f"{self.prefill_token_s:.6g}"
@@ -120,13 +127,8 @@ def intake_budget(
         # also carries rows / mean_output new prompts (what the prefix cache did not hold):
         # on a 70B their prefill slows every stream's turn about as much as the decodes do.
         prompt_share = prices.prefill_s(int(report.mean_uncached_prompt_tokens)) / mean_output
-        if settings.tpot_target_s >= LONE_TURN_FACTOR * (lone + prompt_share):
-            max_running = prices.max_rows(
-                settings.tpot_target_s, context_per_row, max_running, prompt_share
-            )
-        else:  # the lone-turn floor: decode turns alone (see LONE_TURN_FACTOR)
-            target = max(settings.tpot_target_s, LONE_TURN_FACTOR * lone)
-            max_running = prices.max_rows(target, context_per_row, max_running)
+        target = max(settings.tpot_target_s, LONE_TURN_FACTOR * (lone + prompt_share))
+        max_running = prices.max_rows(target, context_per_row, max_running, prompt_share)
         # An output token's price is a decode turn shared by the running set the engine
         # sustains: the TPOT target's, or fewer when the KV pool holds fewer mean requests.
         rows = max(1, min(max_running, (bm.num_blocks - headroom) // per_request))
@@ -184,6 +186,12 @@ def intake_budget(
             )
             work[priority.name.lower()] += prefill + to_decode * decode_token_s
     prefill = _prefill_outlook(engine, prices) if prices.fitted else {}
+    policy = engine.prefill_policy
+    if policy is not None:
+        prefill |= {
+            "prefill_hold_s": policy.ttft_guard_s,
+            "prefill_hold_tokens": policy.ttft_prompt_tokens,
+        }
     return IntakeBudget(
         room=room,
         interactive_room=interactive_room,
