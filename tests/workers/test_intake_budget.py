@@ -207,3 +207,17 @@ def test_the_seats_count_each_rows_share_of_the_prompts_the_turns_carry():
     # decode turns alone would make it, (2 × 15.8 ms - 10 ms) / 5.82 ms = 3 rows.
     bigger = intake_budget(eng, prices, report(prompt=800, output=8), settings(tpot_target_s=0.02))
     assert bigger.max_running == 2
+
+
+def test_every_published_stat_reads_back_typed_on_the_internal_route():
+    # GET /internal/workers types each field by name: a new float field it does not list
+    # would fail the whole route (int("0.300")).
+    from api.routes.internal import _typed
+
+    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=256,
+                                 step_time_target_s=0.035))  # fmt: skip
+    run(eng, 2)
+    budget = intake_budget(eng, fitted_prices(), report(), settings())
+    fields = budget.fields() | report().fields()
+    assert {"prefill_hold_s", "prefill_step_s", "mean_uncached_prompt_tokens"} <= set(fields)
+    assert _typed(fields)["prefill_hold_s"] == 0.3
