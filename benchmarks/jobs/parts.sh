@@ -4,6 +4,9 @@
 . benchmarks/jobs/common.sh
 
 # $SERVE_ENV: extra server settings for the serve parts, e.g. "FLEETLM_STEP_TIME_TARGET_S=0.035".
+# bench serve takes --rates comma-separated; "2 4" is taken as "2,4" (a space cost a call once).
+rates() { local r=$1; echo "${r// /,}"; }
+
 serve_env_args() { local kv; for kv in ${SERVE_ENV:-}; do printf -- '--server-env %s ' "$kv"; done; }
 
 part_tests() {  # the engine's GPU-path tests and the grammar-mask kernel's
@@ -28,7 +31,7 @@ part_structured() {  # the above, then the host side alone
 
 part_serve8() {  # issue 36: the 8B bf16 at 2x its goodput, the brief's TTFT as admission bound
   OUT=$R/serve8 benchmarks/device_serve.sh --launch --model llama-3.1-8b \
-    --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 $(serve_env_args) --rates "${RATES8:-24}" --duration 120 \
+    --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 $(serve_env_args) --rates "$(rates "${RATES8:-24}")" --duration 120 \
     --no-stop-on-miss --json "$R/serve8/serve.json" > "$R/serve8.log" 2>&1
   stamp "serve8 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503" "$R/serve8/bench.log" | tail -12
 }
@@ -36,7 +39,7 @@ part_serve8() {  # issue 36: the 8B bf16 at 2x its goodput, the brief's TTFT as 
 part_serve70() {  # issues 35/36: the 70B FP8 with an e4m3 KV cache, same bound
   OUT=$R/serve70 benchmarks/device_serve.sh --launch --model llama-3.1-70b \
     --server-env FLEETLM_QUANTIZATION=fp8 --server-env FLEETLM_KV_CACHE_DTYPE=fp8 \
-    --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 $(serve_env_args) --rates "${RATES70:-3}" --duration 120 \
+    --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 $(serve_env_args) --rates "$(rates "${RATES70:-3}")" --duration 120 \
     --no-stop-on-miss --json "$R/serve70/serve.json" > "$R/serve70.log" 2>&1
   stamp "serve70 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503" "$R/serve70/bench.log" | tail -20
 }
