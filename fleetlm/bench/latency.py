@@ -101,6 +101,7 @@ def summarize_class(records: list[RequestRecord], t0: float, t1: float, targets:
     tpot = [x for x in map(_tpot, done) if x is not None]
     itl = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
     e2e = [r.finish_s - r.arrival_s for r in done if r.finish_s is not None]
+    refused = [r for r in records if r.status.startswith("http_503")]
     span = t1 - t0
     out_tokens = _delivered_tokens(records, t0, t1)
     in_tokens = sum(r.num_prompt for r in done)
@@ -127,10 +128,8 @@ def summarize_class(records: list[RequestRecord], t0: float, t1: float, targets:
             "completed_token_share": sum(r.num_output for r in done)
             / max(sum(r.num_output for r in records), 1),
             # Refusals (HTTP 503) and how many of them said when to come back.
-            "refused": sum(r.status.startswith("http_503") for r in records),
-            "refused_with_retry_after": sum(
-                r.status.startswith("http_503") and _positive_int(r.retry_after) for r in records
-            ),
+            "refused": len(refused),
+            "refused_with_retry_after": sum(_positive_int(r.retry_after) for r in refused),
         }
         | _server_side(done, targets)
         | _forecast(done)

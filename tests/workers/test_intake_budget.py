@@ -42,10 +42,10 @@ def settings(**kw) -> Settings:
     return Settings(_env_file=None, model="tiny", device="cpu", **kw)
 
 
-def engine(num_kv_blocks: int = 256, max_num_seqs: int = 256) -> LLMEngine:
+def engine(num_kv_blocks: int = 256, max_num_seqs: int = 256, **config) -> LLMEngine:
     return LLMEngine(
         EngineConfig(model="tiny", device="cpu", num_kv_blocks=num_kv_blocks,
-                     max_num_seqs=max_num_seqs)
+                     max_num_seqs=max_num_seqs, **config)
     )  # fmt: skip
 
 
@@ -214,8 +214,7 @@ def test_every_published_stat_reads_back_typed_on_the_internal_route():
     # would fail the whole route (int("0.300")).
     from api.routes.internal import _typed
 
-    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=256,
-                                 step_time_target_s=0.035))  # fmt: skip
+    eng = engine(step_time_target_s=0.035)
     run(eng, 2)
     budget = intake_budget(eng, fitted_prices(), report(), settings())
     fields = budget.fields() | report().fields()
