@@ -12,8 +12,13 @@
 # to make room, at the pace the fleet works (one second of work per second per worker):
 #
 #   wait  = max(0, work ahead + k × the mean request's work - startable × the mean request's
-#           work) / priced workers, k = max(1, the request's KV (prompt and expected output)
-#           over the mean request's): a long request waits until k mean requests could start
+#           work) / pace, k = max(1, the request's KV (prompt and expected output) over the
+#           mean request's): a long request waits until k mean requests could start
+#   pace  = the priced workers for interactive; for flex Σ (1 - interactive_share) over them,
+#           the share of each worker's seats interactive work holds or waits for lately
+#           (workers/gpu/load_report.py): interactive arrivals keep overtaking a queued flex
+#           request, which gets only what they leave (on an H200, counting the work ahead
+#           alone admitted flex for a 30 s bound that then waited 53-89 s)
 #   TTFT  = max(wait, hold) + first token, on the worker that gets it out soonest:
 #   first = turns × prefill_step_s + seconds of the prompt tokens ahead + of its own
 #           + decode_step_s (the turn that delivers the token)
@@ -100,6 +105,7 @@ class WorkerLoad:
     # enqueued, then gives it whole steps: its first token comes no sooner than that
     prefill_hold_s: float = 0.0
     prefill_hold_tokens: int = 0
+    interactive_share: float = 0.0  # of its seats interactive work holds or waits for, lately
 
     def held_s(self, priority: str, prompt_tokens: int) -> float:
         """How long the engine may spread this request's prompt while decodes run."""
@@ -187,7 +193,7 @@ class Load:
         # What it takes to start, in mean requests (`startable` counts KV in those): a request
         # holding k times the mean request's KV waits until k of them could start.
         units = max(1.0, (request_tokens or 0) / (mean_prompt + mean_output))
-        wait = max(0.0, work + units * mean_work - free) / n
+        wait = max(0.0, work + units * mean_work - free) / self.pace(priority)
         full = [w for w in self.workers if w.startable.get(priority, 0) == 0]
         reason = "kv" if full and all(w.limited_by == "kv" for w in full) else "ttft"
         # Seated at once: the prompts ahead of it (the engines' and Redis's, shared among the
@@ -201,6 +207,19 @@ class Load:
             for w in self.workers
         )
         return Prediction(ttft, reason)
+
+    def pace(self, priority: str) -> float:
+        """Seconds of the fleet's work per second that go to work of `priority` and above: one
+        per worker for interactive; for flex what interactive demand leaves (never below
+        MIN_FLEX_SHARE of a worker, so a fleet taken by interactive work still forecasts a
+        finite, long wait: refused with a Retry-After rather than admitted to starve)."""
+        if priority != "batch":
+            return float(len(self.workers))
+        return sum(max(MIN_FLEX_SHARE, 1.0 - w.interactive_share) for w in self.workers)
+
+
+# A flex request behind interactive demand that takes 98 % of the seats waits 50 times its work.
+MIN_FLEX_SHARE = 0.02
 
 
 class LoadShedder:
@@ -301,7 +320,7 @@ STATS_FIELDS = [
     "decode_step_s", "prefill_step_s", "prefill_chunk_tokens", "prefill_tok_s", "prefill_pair_s",
     *(f"prefill_ahead_tokens_{prio}" for prio in p.PRIORITIES),
     *(f"prefill_ahead_s_{prio}" for prio in p.PRIORITIES),
-    "prefill_hold_s", "prefill_hold_tokens",
+    "prefill_hold_s", "prefill_hold_tokens", "interactive_share",
 ]  # fmt: skip
 
 
@@ -332,4 +351,5 @@ def _worker_load(stats: dict) -> WorkerLoad:
         prefill_ahead_s={prio: number(f"prefill_ahead_s_{prio}") for prio in p.PRIORITIES},
         prefill_hold_s=number("prefill_hold_s"),
         prefill_hold_tokens=int(number("prefill_hold_tokens")),
+        interactive_share=min(1.0, max(0.0, number("interactive_share"))),
     )

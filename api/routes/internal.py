@@ -16,7 +16,7 @@ _FLOATS = {"kv_cache_usage", "updated_at", "tokens_per_s", "mean_output_tokens",
            "decode_token_s", "decode_step_s",
            "oldest_waiting_s", "waiting_work_s_interactive", "waiting_work_s_batch",
            "prefill_step_s", "prefill_tok_s", "prefill_pair_s", "prefill_ahead_s_interactive",
-           "prefill_ahead_s_batch", "prefill_hold_s"}  # fmt: skip
+           "prefill_ahead_s_batch", "prefill_hold_s", "interactive_share"}  # fmt: skip
 _STRINGS = {"model", "limited_by"}
 
 

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from api.load_shedding import Load, WorkerLoad, causal_pairs
+from api.load_shedding import MIN_FLEX_SHARE, Load, WorkerLoad, causal_pairs
 
 STEP_S, TOK_S, DECODE_S, CHUNK = 0.050, 1e-4, 0.035, 4000
 MEAN_PROMPT, MEAN_OUTPUT = 2000.0, 400.0
@@ -142,3 +142,25 @@ def test_a_short_interactive_prompt_waits_for_the_engines_hold_under_a_step_targ
     queued = int(2 * (MEAN_PROMPT + MEAN_OUTPUT))
     prediction = load(seated_later, interactive=queued).predict("interactive", 2000)
     assert prediction.ttft_s == pytest.approx(3 * MEAN_WORK_S + fast)
+
+
+def test_flex_gets_only_the_seats_interactive_demand_leaves():
+    # Nothing startable, one mean request of flex work waiting in the engine: with no
+    # interactive demand flex waits for it and its own; when interactive work holds 90 % of
+    # the seats (its arrivals keep overtaking flex), ten times as long.
+    w = worker(startable=0, waiting_work_s={"interactive": 0.0, "batch": MEAN_WORK_S})
+    own = STEP_S + 2000 * TOK_S + DECODE_S
+    idle = load(w).predict("batch", 2000).ttft_s
+    assert idle == pytest.approx(2 * MEAN_WORK_S + own)
+    busy = load(dataclasses.replace(w, interactive_share=0.9)).predict("batch", 2000).ttft_s
+    assert busy == pytest.approx(2 * MEAN_WORK_S / 0.1 + own)
+    # Interactive is not slowed by its own share.
+    interactive = load(dataclasses.replace(w, interactive_share=0.9)).predict("interactive", 2000)
+    assert interactive.ttft_s == pytest.approx(MEAN_WORK_S + own)
+    # A fleet taken whole by interactive work still forecasts a finite wait (refusable with a
+    # Retry-After): flex gets MIN_FLEX_SHARE of each worker.
+    full = load(dataclasses.replace(w, interactive_share=1.0)).predict("batch", 2000).ttft_s
+    assert full == pytest.approx(2 * MEAN_WORK_S / MIN_FLEX_SHARE + own)
+    # Two workers: each contributes what its own interactive demand leaves.
+    pair = load(dataclasses.replace(w, interactive_share=0.5), dataclasses.replace(w))
+    assert pair.predict("batch", 2000).ttft_s == pytest.approx(3 * MEAN_WORK_S / 1.5 + own)

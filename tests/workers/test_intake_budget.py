@@ -11,7 +11,7 @@ from engine.config import EngineConfig
 from engine.core.step_cost import StepFeatures, chunk_pairs
 from service.settings import Settings
 from workers.gpu.intake_budget import intake_budget
-from workers.gpu.load_report import FINISHED_WINDOW, LoadReport
+from workers.gpu.load_report import FINISHED_WINDOW, SHARE_TAU_S, LoadReport
 from workers.gpu.step_prices import StepPrices
 
 # A synthetic machine: 10 ms fixed per turn, 20 ms more with a prompt chunk, 5 ms per decode
@@ -220,3 +220,25 @@ def test_every_published_stat_reads_back_typed_on_the_internal_route():
     fields = budget.fields() | report().fields()
     assert {"prefill_hold_s", "prefill_step_s", "mean_uncached_prompt_tokens"} <= set(fields)
     assert _typed(fields)["prefill_hold_s"] == 0.3
+
+
+def test_interactive_demand_is_reported_as_a_share_of_the_seats_averaged_over_time():
+    # Admission gives flex only what interactive demand leaves (api/load_shedding.py).
+    report = LoadReport()
+    report.on_seats(interactive=30, seats=60, now=100.0)
+    assert report.interactive_share == 0.5
+    # One turn later barely moves it; a time constant later it has gone most of the way.
+    report.on_seats(interactive=60, seats=60, now=100.05)
+    assert 0.5 < report.interactive_share < 0.51
+    report.on_seats(interactive=90, seats=60, now=100.05 + 3 * SHARE_TAU_S)
+    assert report.interactive_share > 0.97  # (more waiting than seats counts as all of them)
+    assert report.fields()["interactive_share"] == f"{report.interactive_share:.4f}"
+
+
+def test_the_budget_counts_interactive_demand_and_the_seats_it_is_a_share_of():
+    eng = engine()
+    run(eng, 2, prefix="i")  # two running
+    eng.add_request("w", list(range(1, 17)), GREEDY)  # one waiting
+    run(eng, 1, "batch", prefix="b")
+    budget = intake_budget(eng, fitted_prices(), report(prompt=16), settings(tpot_target_s=0.04))
+    assert budget.interactive_demand == 3 and budget.seats == budget.max_running == 5

@@ -55,6 +55,8 @@ class IntakeBudget:
     batch_room: int
     limited_by: str  # waiting | seats | kv
     max_running: int  # the running set the TPOT target allows
+    seats: int  # ... and the KV pool holds (mean requests): the running set it sustains
+    interactive_demand: int  # interactive requests running or waiting in the engine
     prefill_token_s: float | None = None  # a prompt token of the mean prompt (None: unpriced)
     decode_token_s: float | None = None  # an output token, at max_running rows
     decode_step_s: float | None = None  # the running set's predicted decode turn
@@ -121,6 +123,7 @@ def intake_budget(
     headroom = math.ceil(settings.kv_headroom * bm.num_blocks)
     max_running = settings.max_num_seqs
     prefill_token_s = decode_token_s = decode_step_s = None
+    kv_rows = (bm.num_blocks - headroom) // per_request
     if prices.fitted:
         lone = prices.decode_step_s(1, int(context_per_row))
         # In steady state a running request is replaced every mean_output turns, so a turn
@@ -131,7 +134,7 @@ def intake_budget(
         max_running = prices.max_rows(target, context_per_row, max_running, prompt_share)
         # An output token's price is a decode turn shared by the running set the engine
         # sustains: the TPOT target's, or fewer when the KV pool holds fewer mean requests.
-        rows = max(1, min(max_running, (bm.num_blocks - headroom) // per_request))
+        rows = max(1, min(max_running, kv_rows))
         decode_token_s = prices.decode_step_s(rows, int(rows * context_per_row)) / rows
         prefill_token_s = prices.prefill_s(int(mean_prompt)) / mean_prompt
         context = sum(r.num_tokens for r in scheduler.running)
@@ -158,6 +161,7 @@ def intake_budget(
     # interactive one: they must not fill the waiting room an interactive arrival needs, or it
     # waits in Redis behind them.
     interactive_waiting = len(scheduler.waiting[Priority.INTERACTIVE])
+    interactive_running = sum(1 for r in scheduler.running if r.priority is Priority.INTERACTIVE)
     interactive = limits_of(
         num_running + num_waiting - len(batch),
         free + batch_held,
@@ -198,6 +202,8 @@ def intake_budget(
         batch_room=batch_room,
         limited_by=limited_by,
         max_running=max_running,
+        seats=max(1, min(max_running, kv_rows)),
+        interactive_demand=interactive_running + interactive_waiting,
         prefill_token_s=prefill_token_s,
         decode_token_s=decode_token_s,
         decode_step_s=decode_step_s,

@@ -13,6 +13,7 @@
 # the sustained load where shedding matters, every turn steps and this is the wall-clock rate.
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from service.admission import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS
@@ -24,6 +25,15 @@ ALPHA = 0.3  # weight of the newest rate sample
 # such request moved a 0.3-weighted mean by thousands of tokens, and the running set the
 # seat rule sizes from it (workers/gpu/intake_budget.py) with it.
 FINISHED_WINDOW = 64
+# Interactive demand, as a share of the seats the worker sustains (the running set the TPOT
+# target and the KV pool allow): the interactive requests running or waiting in its engine over
+# those seats, averaged over about SHARE_TAU_S. By Little's law the seats a class holds are its
+# arrival rate times its time in service, so this is the share of the worker interactive work
+# takes, whatever flex does with the rest; flex, which yields to it, gets only the remainder.
+# Admission forecasts a flex request's wait with it (api/load_shedding.py): counting only the
+# work ahead let the 8B on an H200 admit flex for a 30 s bound while interactive arrivals took
+# every seat, and flex first tokens came after 53-89 s.
+SHARE_TAU_S = 10.0
 
 
 class LoadReport:
@@ -36,6 +46,8 @@ class LoadReport:
         self._tokens = 0
         self._busy_s = 0.0
         self._finished: deque[tuple[int, int, int]] = deque(maxlen=FINISHED_WINDOW)
+        self.interactive_share = 0.0
+        self._share_at: float | None = None
 
     def on_step(self, num_tokens: int, busy_s: float) -> None:
         self._tokens += num_tokens
@@ -56,8 +68,19 @@ class LoadReport:
         self.mean_prompt_tokens = sum(f[1] for f in self._finished) / n
         self.mean_uncached_prompt_tokens = sum(f[2] for f in self._finished) / n
 
+    def on_seats(self, interactive: int, seats: int, now: float) -> None:
+        """`interactive` requests running or waiting in the engine, `seats` it sustains."""
+        sample = min(1.0, interactive / max(1, seats))
+        if self._share_at is None:
+            self.interactive_share = sample
+        else:
+            weight = 1.0 - math.exp(-max(0.0, now - self._share_at) / SHARE_TAU_S)
+            self.interactive_share += weight * (sample - self.interactive_share)
+        self._share_at = now
+
     def fields(self) -> dict[str, str]:
         return {
+            "interactive_share": f"{self.interactive_share:.4f}",
             "tokens_per_s": f"{self.tokens_per_s:.1f}",
             "mean_output_tokens": f"{self.mean_output_tokens:.1f}",
             "mean_prompt_tokens": f"{self.mean_prompt_tokens:.1f}",
