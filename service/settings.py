@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     # step N's tokens reach the host. None: on for a GPU worker without speculative decoding or
     # tensor parallelism (engine/config.py).
     overlap_scheduling: bool | None = None
+    # Shared-prefix decode attention (docs/serving.md#shared-prefix-decode-attention): a prefix
+    # that running rows share is read once per group of rows a decode step, not once per row.
+    shared_prefix_decode: bool = False
+    shared_prefix_min_tokens: int = Field(256, ge=1)
     # Compiled grammars a worker keeps, by spec (docs/serving.md#structured-outputs).
     grammar_cache_size: int = Field(256, ge=1)
     # How `tool_choice: auto` answers are read (docs/serving.md#tool-calls): "hermes"
