@@ -10,7 +10,11 @@
 #   chunk is at most this many tokens (0: no cap), so a step lasts ~0.1 s rather than ~0.4 s:
 #   what a short prompt arriving mid-document waits for, and what every running decode's next
 #   token waits for. Alone, a document takes the whole budget.
-# * Then interactive before batch, each in arrival order.
+# * Then interactive before batch, each in arrival order; and a running batch prompt takes only
+#   what the waiting interactive prompts leave of the budget (`interactive_reserve`), down to
+#   the same floor. Running requests' chunks are served before waiting ones are admitted, so
+#   without it a flex prompt, or one recomputing after it was preempted for an interactive
+#   request, took the step's prefill ahead of the interactive requests waiting for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,18 +61,25 @@ class PrefillOrder:
         prompt's floor. 0 without short_first."""
         if not self.short_first:
             return 0
+        short = (r for priority in Priority for r in waiting[priority] if not self.is_long(r))
+        return self._reserve(cap, short, self.max_num_seqs - num_running, block_manager)
+
+    def interactive_reserve(self, cap: int, waiting: dict, block_manager: BlockManager) -> int:
+        """Prefill tokens held back from a running batch prompt this step: what the waiting
+        interactive prompts would take (their uncached parts; they take running batch
+        requests' seats, so every one counts), at most `cap` less the floor."""
+        waiting = waiting[Priority.INTERACTIVE]
+        return self._reserve(cap, iter(waiting), len(waiting), block_manager)
+
+    def _reserve(self, cap: int, requests, seats: int, bm: BlockManager) -> int:
         floor = max(1, self.max_num_batched_tokens // 8)
         if self.long_chunk:
             floor = min(floor, self.long_chunk)
         limit = cap - floor
-        seats = self.max_num_seqs - num_running
-        bm = block_manager
         need = 0
-        for priority in Priority:
-            for request in waiting[priority]:
-                if need >= limit or seats <= 0:
-                    return max(0, min(need, limit))
-                if not self.is_long(request):
-                    need += request.num_tokens - len(bm.find_cached_prefix(request)) * bm.block_size
-                    seats -= 1
+        for request in requests:
+            if need >= limit or seats <= 0:
+                break
+            need += request.num_tokens - len(bm.find_cached_prefix(request)) * bm.block_size
+            seats -= 1
         return max(0, min(need, limit))

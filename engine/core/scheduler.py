@@ -127,6 +127,7 @@ class Scheduler:
         # Decodes not reached yet in the loop: a prompt chunk leaves them their budget.
         decodes_ahead = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
         reserve: int | None = None  # held back from long prompts for short waiting ones
+        batch_reserve: int | None = None  # ... from batch prompts for waiting interactive ones
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
@@ -136,6 +137,12 @@ class Scheduler:
                 decodes_ahead -= 1
             else:  # a prompt chunk: within the step's prefill allowance
                 cap = min(prefill_left, budget - decodes_ahead)
+                if request.priority is Priority.BATCH and self.waiting[Priority.INTERACTIVE]:
+                    if batch_reserve is None:
+                        batch_reserve = self.order.interactive_reserve(
+                            cap, self.waiting, self.block_manager
+                        )
+                    cap -= batch_reserve
                 if self.order.is_long(request):
                     if reserve is None:
                         reserve = self.order.short_reserve(

@@ -138,3 +138,29 @@ def test_the_slice_cap_holds_without_short_first():
     assert _request(engine, "doc").num_computed_tokens == 16
     assert _request(engine, "chat").num_computed_tokens >= 10
     _drain(engine)
+
+
+def test_a_running_batch_prompt_leaves_the_waiting_interactive_prompts_their_share():
+    # Running requests' chunks are served before waiting ones are admitted: a flex prompt (or
+    # one recomputing after a preemption) must not take the step while an interactive one waits.
+    engine = _engine(ttft_prompt_tokens=10_000)  # nothing here is "long"
+    engine.add_request("flex", list(range(600)), LONG, "batch")
+    engine.step()
+    flex = _request(engine, "flex")
+    assert flex.num_computed_tokens == BUDGET
+    engine.add_request("chat", list(range(1000, 1020)), LONG, "interactive")
+    assert _steps_to_first_token(engine, "chat") == 1  # before: after the flex prompt, 9 steps
+    assert flex.num_computed_tokens == 2 * BUDGET - 20  # it still moved, by what chat left
+    assert _drain(engine) == {"flex": "length", "chat": "length"}
+
+
+def test_the_batch_prompt_keeps_its_floor_under_interactive_prompts():
+    engine = _engine(ttft_prompt_tokens=10_000)
+    engine.add_request("flex", list(range(600)), LONG, "batch")
+    engine.step()
+    flex = _request(engine, "flex")
+    engine.add_request("chat", list(range(1000, 1100)), LONG, "interactive")  # > the budget
+    engine.step()
+    assert flex.num_computed_tokens == BUDGET + BUDGET // 8
+    assert _request(engine, "chat").num_computed_tokens == BUDGET - BUDGET // 8
+    assert _drain(engine) == {"flex": "length", "chat": "length"}
