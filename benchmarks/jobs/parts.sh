@@ -37,11 +37,19 @@ part_serve8() {  # issue 36: the 8B bf16 at 2x its goodput, the brief's TTFT as 
 }
 
 part_serve70() {  # issues 35/36: the 70B FP8 with an e4m3 KV cache, same bound
-  OUT=$R/serve70 benchmarks/device_serve.sh --launch --model llama-3.1-70b \
+  serve70_as serve70
+}
+
+part_serve70_shared() {  # issue 35 item 4: the same with shared-prefix decode attention
+  SERVE_ENV="${SERVE_ENV:-} FLEETLM_SHARED_PREFIX_DECODE=true" serve70_as serve70_shared
+}
+
+serve70_as() {  # results under $R/$1
+  OUT=$R/$1 benchmarks/device_serve.sh --launch --model llama-3.1-70b \
     --server-env FLEETLM_QUANTIZATION=fp8 --server-env FLEETLM_KV_CACHE_DTYPE=fp8 \
     --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 $(serve_env_args) --rates "$(rates "${RATES70:-3}")" --duration 120 \
-    --no-stop-on-miss --json "$R/serve70/serve.json" > "$R/serve70.log" 2>&1
-  stamp "serve70 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503" "$R/serve70/bench.log" | tail -20
+    --no-stop-on-miss --json "$R/$1/serve.json" > "$R/$1.log" 2>&1
+  stamp "$1 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503" "$R/$1/bench.log" | tail -20
 }
 
 part_breakdown() {  # the 70B FP8 decode step kernel by kernel at the defaults
