@@ -133,7 +133,27 @@ def summarize_class(records: list[RequestRecord], t0: float, t1: float, targets:
         }
         | _server_side(done, targets)
         | _forecast(done)
+        | {"slowest_first_tokens": slowest_first_tokens(done)}
     )
+
+
+def slowest_first_tokens(done: list[RequestRecord], n: int = 8) -> list[dict]:
+    """The worst first tokens, each with where its time went (the server's queue and TTFT when
+    its usage row was read, admission's forecast): an overload bound is about these."""
+    timed = [r for r in done if r.first_token_s is not None]
+    timed.sort(key=lambda r: r.first_token_s - r.arrival_s, reverse=True)
+    return [
+        {
+            "arrival_s": round(r.arrival_s, 3),
+            "prompt_tokens": r.num_prompt,
+            "cached_tokens": r.num_cached,
+            "ttft_s": round(r.first_token_s - r.arrival_s, 3),
+            "predicted_ttft_s": r.predicted_ttft_s,
+            "server_queue_s": r.server_queue_s,
+            "server_ttft_s": r.server_ttft_s,
+        }
+        for r in timed[:n]
+    ]
 
 
 def _positive_int(header: str | None) -> bool:

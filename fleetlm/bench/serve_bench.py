@@ -258,8 +258,18 @@ def one_line(run: dict) -> str:
         )
         if step.get("gpu_busy_fraction") is not None:
             line += f"; GPU busy {step['gpu_busy_fraction']:.1%}"
+        worst = inter.get("slowest_first_tokens", [])[:3]
+        if worst:
+            line += "\n    slowest interactive first tokens (TTFT: server queue / server TTFT / "
+            line += "forecast, s): " + ", ".join(_slow(w) for w in worst)
     fleet = fleet_line(run.get("fleet"))
     return f"{line}\n{fleet}" if fleet else line
+
+
+def _slow(w: dict) -> str:
+    parts = (w["server_queue_s"], w["server_ttft_s"], w["predicted_ttft_s"])
+    detail = " / ".join("-" if x is None else f"{x:.2f}" for x in parts)
+    return f"{w['ttft_s']:.2f} ({detail}, {w['prompt_tokens']} tok)"
 
 
 def _s(x: float) -> str:

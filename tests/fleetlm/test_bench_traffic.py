@@ -120,6 +120,20 @@ def test_admissions_forecast_is_reported_against_the_measured_first_token():
     assert every["ttft_minus_predicted_s"]["p95"] == pytest.approx(0.2)
 
 
+def test_the_slowest_first_tokens_are_listed_worst_first_with_where_their_time_went():
+    records = [_record(i, 4.0 + i * 0.5, ttft=0.1 * (i + 1), tpot=0.02, n_out=5) for i in range(12)]
+    records[6].server_queue_s, records[6].server_ttft_s = 0.2, 0.35
+    worst = summarize(records, duration_s=10.0, warmup_fraction=0.3, targets=Targets())[
+        "interactive"
+    ]["slowest_first_tokens"]
+    assert len(worst) == 8
+    assert [w["ttft_s"] for w in worst] == sorted((w["ttft_s"] for w in worst), reverse=True)
+    assert worst[0]["ttft_s"] == pytest.approx(1.2)
+    by_arrival = {w["arrival_s"]: w for w in worst}
+    assert by_arrival[7.0]["server_queue_s"] == 0.2  # records[6]
+    assert by_arrival[7.0]["server_ttft_s"] == 0.35
+
+
 def test_goodput_sweep_and_bisection():
     ran = []
 
