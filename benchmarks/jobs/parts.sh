@@ -33,7 +33,7 @@ part_serve8() {  # issue 36: the 8B bf16 at 2x its goodput, the brief's TTFT as 
   OUT=$R/serve8 benchmarks/device_serve.sh --launch --model llama-3.1-8b \
     --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 $(serve_env_args) --rates "$(rates "${RATES8:-24}")" --duration 120 \
     --no-stop-on-miss --json "$R/serve8/serve.json" > "$R/serve8.log" 2>&1
-  stamp "serve8 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503" "$R/serve8/bench.log" | tail -12
+  stamp "serve8 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503|slowest" "$R/serve8/bench.log" | tail -12
 }
 
 part_serve70() {  # issues 35/36: the 70B FP8 with an e4m3 KV cache, same bound
@@ -49,7 +49,7 @@ serve70_as() {  # results under $R/$1
     --server-env FLEETLM_QUANTIZATION=fp8 --server-env FLEETLM_KV_CACHE_DTYPE=fp8 \
     --server-env FLEETLM_MAX_QUEUE_WAIT_S=0.8 $(serve_env_args) --rates "$(rates "${RATES70:-3}")" --duration 120 \
     --no-stop-on-miss --json "$R/$1/serve.json" > "$R/$1.log" 2>&1
-  stamp "$1 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503" "$R/$1/bench.log" | tail -20
+  stamp "$1 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503|slowest" "$R/$1/bench.log" | tail -20
 }
 
 part_breakdown() {  # the 70B FP8 decode step kernel by kernel at the defaults
