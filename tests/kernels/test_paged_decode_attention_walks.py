@@ -19,6 +19,7 @@ from tests.kernels.kernel_test_utils import (
     nan_like,
     paged_kv,
     randn,
+    requires_gpu,
 )
 
 pytestmark = pytest.mark.usefixtures("decode_walk")  # conftest.py: every test in each walk
@@ -229,3 +230,57 @@ def test_walk_layout(decode_walk):
         assert walk_layout("blocks_t", 16, 1) == ("blocks_t", 16, 1)
     with pytest.raises(ValueError):
         walk_layout("rows", 8, 16)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("cache", [torch.bfloat16, FP8_DTYPE])
+@pytest.mark.parametrize(("num_heads", "num_splits"), [(64, None), (64, 1), (64, 8), (32, 3)])
+def test_walk_gpu_realistic(cache, num_heads, num_splits):
+    # real tensor-core dots: the 70B's heads (64 query, 8 KV) and the 8B's (32, 8), head_dim
+    # 128, long uneven contexts with a padding row
+    g = gen(16)
+    seq_lens = [1, 16, 17, 511, 512, 513, 2000, 4096, 0, 3001]
+    k_cache, v_cache, tables = _caches(
+        seq_lens, num_kv_heads=8, head_dim=128, block_size=16, cache=cache, g=g
+    )
+    q = randn(len(seq_lens), num_heads, 128, g=g, dtype=torch.bfloat16)
+    lens = int_tensor(seq_lens)
+    out = nan_like(q)
+    paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, 128**-0.5, max_seq_len=4096, num_splits=num_splits,
+        out=out, **_scales(cache),
+    )  # fmt: skip
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 128**-0.5, **_scales(cache))
+    assert not out.isnan().any()
+    assert_close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_walk_cuda_graph_replay():
+    # captured once over an e4m3 cache at the 70B's group, replayed with new lengths and tables
+    g = gen(17)
+    k_cache, v_cache, tables = _caches(
+        [512] * 4, num_kv_heads=2, head_dim=128, block_size=16, cache=FP8_DTYPE, g=g
+    )
+    q = randn(4, 16, 128, g=g, dtype=torch.bfloat16)
+    lens = int_tensor([300, 5, 77, 0])
+    out = torch.empty_like(q)
+    kw = {"max_seq_len": 512, "num_splits": 4, "out": out, **_scales(FP8_DTYPE)}
+    paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088, **kw)  # compile
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088, **kw)
+    for new_lens in ([512, 1, 0, 200], [17, 16, 15, 33]):
+        lens.copy_(int_tensor(new_lens))
+        q.copy_(randn(4, 16, 128, g=g, dtype=torch.bfloat16))
+        tables.copy_(tables[torch.randperm(4, generator=g).to(DEVICE)])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = paged_decode_attention_ref(
+            q, k_cache, v_cache, tables, lens, 0.088, **_scales(FP8_DTYPE)
+        )
+        assert_close(out, ref, torch.bfloat16)
