@@ -21,8 +21,8 @@
 #     run the suffix pass after a shared prefix through this kernel.
 #   * how a program walks its range is a choice (WALK for a 16-bit cache, FP8_WALK for e4m3):
 #     "keys" (attend_key_range below, the group as the dots' M rows), or kernels/
-#     paged_decode_walks.py's "blocks" (the padding rows take keys of their own) and "blocks_t"
-#     (keys as M, the group as N).
+#     paged_decode_walks.py's "blocks" (the padding rows take keys of their own), "blocks_t"
+#     (keys as M, the group as N) and "blocks_ts" (only the scores so).
 import math
 
 import torch
@@ -227,7 +227,7 @@ def _decode_split_kernel(
     FP8_WIDEN: tl.constexpr,  # 0: to q's dtype; 1: to fp16 (q too: one cvt per pair)
     UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
     DOT_PRECISION: tl.constexpr,
-    WALK: tl.constexpr,  # WALK_CODES: 0 keys, 1 blocks, 2 blocks_t
+    WALK: tl.constexpr,  # WALK_CODES: 0 keys, 1 blocks, 2 blocks_t, 3 blocks_ts
     LANES: tl.constexpr,  # blocks: lanes of the program's keys (walk_layout)
 ):
     # KV heads vary fastest in the launch order: a sequence's heads run side by side and read
@@ -281,13 +281,14 @@ def _decode_split_kernel(
             GROUP=GROUP, LANES=LANES, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
             KV_FP8=KV_FP8, UPCAST_DOT=UPCAST_DOT, DOT_PRECISION=DOT_PRECISION,
         )  # fmt: skip
-    elif WALK == 2:
+    elif WALK >= 2:
         m_i, l_i, acc = attend_keys_transposed(
             tl.trans(q), k_cache_ptr, v_cache_ptr, kv_head * stride_kc_head,
             kv_head * stride_vc_head, bt_row_ptr, start, end, qk_scale, v_scale,
             stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
             COLS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
             KV_FP8=KV_FP8, UPCAST_DOT=UPCAST_DOT, DOT_PRECISION=DOT_PRECISION,
+            TRANS_PV=WALK == 2,
         )  # fmt: skip
     else:
         m_i, l_i, acc = attend_key_range(

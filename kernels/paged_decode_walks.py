@@ -28,13 +28,17 @@
 # acc^T [HEAD_DIM, COLS] += V^T [HEAD_DIM, BLOCK_N] @ P^T [BLOCK_N, COLS]. The group is the N side,
 # which triton 3.6 takes from 1 (min_dot_size (1, 1, 16) for 16-bit operands) and the mma
 # instruction holds natively at 8 columns (m16n8k16; wgmma n8): COLS = max(8, next_pow2(GROUP)),
-# no padding at the 70B's 8, and 8 columns of 4 real at the 8B's.
+# no padding at the 70B's 8, and 8 columns of 4 real at the 8B's. V^T is the first operand of
+# the second product, which triton 3.6 cannot widen from e4m3 in the operand's layout (8-bit,
+# M-major): each V tile is widened in registers and goes through shared memory as fp16 (32 KB a
+# 128-key tile). Hence "blocks_ts": the scores transposed as above, then acc [COLS, HEAD_DIM] +=
+# P [COLS, BLOCK_N] @ V as in "keys" (the group as M, padded to 16 in the mma; V staged as e4m3).
 import triton
 import triton.language as tl
 
 from kernels._launch import is_power_of_2, next_power_of_2
 
-WALKS = ("keys", "blocks", "blocks_t")
+WALKS = ("keys", "blocks", "blocks_t", "blocks_ts")
 WALK_CODES = {walk: code for code, walk in enumerate(WALKS)}
 MAX_LANES = 4  # q stacked LANES times: [16, 4 * 128] fp16 is 32 registers a thread at 4 warps
 T_MIN_COLS = 8  # blocks_t: the mma instruction's N
@@ -51,7 +55,7 @@ def walk_layout(walk: str, group: int, block_size: int) -> tuple[str, int, int]:
         if is_power_of_2(group) and lanes >= 2:
             return walk, group, lanes
         walk = "keys"
-    if walk == "blocks_t":
+    if walk in ("blocks_t", "blocks_ts"):
         return walk, max(T_MIN_COLS, next_power_of_2(group)), 1
     return "keys", max(16, next_power_of_2(group)), 1
 
@@ -200,6 +204,7 @@ def attend_keys_transposed(
     KV_FP8: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    TRANS_PV: tl.constexpr,  # blocks_t: V^T @ P^T; blocks_ts: P @ V, the group as M again
 ):
     """→ (m [COLS], l [COLS], acc [COLS, HEAD_DIM]) as attend_key_range's."""
     offs_d = tl.arange(0, HEAD_DIM)
@@ -246,7 +251,10 @@ def attend_keys_transposed(
             v = v.to(q_t.dtype)
         if UPCAST_DOT:
             v = v.to(tl.float32)
-        pv_t = tl.dot(tl.trans(v), p_t.to(v.dtype), input_precision=DOT_PRECISION)
+        if TRANS_PV:
+            pv_t = tl.dot(tl.trans(v), p_t.to(v.dtype), input_precision=DOT_PRECISION)
+        else:
+            pv_t = tl.trans(tl.dot(tl.trans(p_t).to(v.dtype), v, input_precision=DOT_PRECISION))
         acc_t = acc_t * alpha[None, :] + pv_t
         m_i = m_new
     if KV_FP8:

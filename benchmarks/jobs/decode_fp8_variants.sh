@@ -38,7 +38,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   grep -E "^== |passed|failed|^FAILED|^ERROR" "$R/decode_walks_gpu_tests.log" | tail -30
 fi
 timeout "${SWEEP_S:-200}" python3 -m benchmarks.sweeps.decode_fp8_sweep --heads 64 --kv-heads 8 \
-  --shapes "${ATTN_SHAPES:-64:2048,128:2048,256:1024}" --walks "${WALKS:-keys,blocks,blocks_t}" \
+  --shapes "${ATTN_SHAPES:-64:2048,128:2048,256:1024}" --walks "${WALKS:-keys,blocks,blocks_t,blocks_ts}" \
   --widen "${WIDEN:-fp16,q}" --tiles "${TILES:-shipped,64:4:3}" --factors "${FACTORS:-1}" \
   --json "$R/decode_fp8_variants_70b.json" > "$R/decode_fp8_variants_70b.log" 2>&1
 stamp "walk sweep rc=$?"

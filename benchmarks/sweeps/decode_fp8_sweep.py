@@ -6,12 +6,14 @@
 # The first of TILES is that 16-bit tile; the shipped e4m3 choice is pda.FP8_LAUNCH.
 # Every variant is checked against the torch reference first; one table, fastest per shape, JSON.
 #   python -m benchmarks.sweeps.decode_fp8_sweep --json out.json
-# --walks keys,blocks,blocks_t times each walk of a key range (kernels/paged_decode_walks.py) for
-# both caches and prints the walk table: ms per layer against the bytes-over-copy-rate floor, and
-# each walk's speedup over the bf16 "keys" kernel with its geomean over the shapes (a walk
-# becomes pda.FP8_WALK at >= FLIP_GEOMEAN with every shape faster, its GPU tests passing):
-#   python -m benchmarks.sweeps.decode_fp8_sweep --heads 64 --kv-heads 8 --walks keys,blocks,\
-#     blocks_t --tiles shipped --factors 1 --shapes 64:2048,128:2048,256:1024 --json out.json
+# --walks keys,blocks,blocks_t,blocks_ts times each walk of a key range (kernels/
+# paged_decode_walks.py) for both caches and prints the walk table: ms per layer against the
+# bytes-over-copy-rate floor, and each walk's speedup over the bf16 "keys" kernel with its geomean
+# over the shapes (a walk becomes pda.FP8_WALK at >= FLIP_GEOMEAN with every shape faster, its
+# GPU tests passing):
+#   python -m benchmarks.sweeps.decode_fp8_sweep --heads 64 --kv-heads 8 \
+#     --walks keys,blocks,blocks_t,blocks_ts --tiles shipped --factors 1 \
+#     --shapes 64:2048,128:2048,256:1024 --json out.json
 # Without a GPU (TRITON_INTERPRET=1) it runs two tiny shapes and a few tiles, timing one call by
 # the wall clock: a check of the script, not a measurement.
 from __future__ import annotations

@@ -34,7 +34,7 @@ def _reload_kernels_built_before_interpret() -> None:
 _reload_kernels_built_before_interpret()
 
 
-@pytest.fixture(params=["keys", "blocks", "blocks_t"])
+@pytest.fixture(params=["keys", "blocks", "blocks_t", "blocks_ts"])
 def decode_walk(request, monkeypatch):
     """paged_decode_attention's split kernel walking its keys each way (kernels/
     paged_decode_walks.py), for a 16-bit and for an e4m3 cache alike."""

@@ -103,7 +103,7 @@ def test_decode_walks_compile_for_sm90(sm90):
     cache at the 70B's group of 8; there "blocks_t" (the group as the dots' N, 8 wide) issues
     fewer mma instructions than "keys" (the group as M, padded to 16 rows)."""
     decode = [r for r in sm90 if r["kernel"] == "_decode_split_kernel"]
-    assert {r["constexprs"]["WALK"] for r in decode} == {"0", "1", "2"}
+    assert {r["constexprs"]["WALK"] for r in decode} == {"0", "1", "2", "3"}
     for r in decode:
         assert r["mma_sync"] or r["wgmma"], r
         assert not r["spill_stores"], r
@@ -112,5 +112,5 @@ def test_decode_walks_compile_for_sm90(sm90):
         for r in decode
         if r["constexprs"]["KV_FP8"] == "True" and r["constexprs"]["GROUP"] == "8"
     }
-    assert set(e4m3_70b) == {"0", "1", "2"}
+    assert set(e4m3_70b) == {"0", "1", "2", "3"}
     assert e4m3_70b["2"]["mma_sync"] < e4m3_70b["0"]["mma_sync"]

@@ -1,8 +1,8 @@
 # paged_decode_attention's walks of a key range (kernels/paged_decode_walks.py: "keys",
-# "blocks", "blocks_t"), each against paged_decode_attention_ref: 16-bit and e4m3 caches, groups
-# 1 to 16, splits, key_start with caller-owned partials (shared-prefix decode's suffix pass),
-# padding rows, strided views and the layouts where "blocks" runs as "keys". Outputs start as
-# NaN, so an element never written fails. Tolerances: kernel_test_utils.TOL.
+# "blocks", "blocks_t", "blocks_ts"), each against paged_decode_attention_ref: 16-bit and e4m3
+# caches, groups 1 to 16, splits, key_start with caller-owned partials (shared-prefix decode's
+# suffix pass), padding rows, strided views and the layouts where "blocks" runs as "keys".
+# Outputs start as NaN, so an element never written fails. Tolerances: kernel_test_utils.TOL.
 import pytest
 import torch
 
@@ -225,9 +225,9 @@ def test_walk_layout(decode_walk):
         assert walk_layout("blocks", 3, 16) == ("keys", 16, 1)  # not a power of two
         assert walk_layout("blocks", 16, 16) == ("keys", 16, 1)  # no padding rows
     else:
-        assert walk_layout("blocks_t", 8, 16) == ("blocks_t", 8, 1)
-        assert walk_layout("blocks_t", 4, 16) == ("blocks_t", 8, 1)  # the mma's N is 8
-        assert walk_layout("blocks_t", 16, 1) == ("blocks_t", 16, 1)
+        assert walk_layout(decode_walk, 8, 16) == (decode_walk, 8, 1)
+        assert walk_layout(decode_walk, 4, 16) == (decode_walk, 8, 1)  # the mma's N is 8
+        assert walk_layout(decode_walk, 16, 1) == (decode_walk, 16, 1)
     with pytest.raises(ValueError):
         walk_layout("rows", 8, 16)
 
