@@ -18,8 +18,9 @@
 #     starts at a multiple of LANES and LANES divides the block size);
 #   * one dot gives scores [rows, BLOCK_N / LANES]: s[r, j] = q[h] . key(j * LANES + lane), every
 #     entry a real (head, key) pair, so the masks, exp2 and row sums run on BLOCK_N / LANES columns
-#     instead of BLOCK_N (a half at group 8, a quarter at 4). The dot's multiply count stays (the
-#     zero blocks of q), the tensor cores being the part with room to spare;
+#     instead of BLOCK_N (a half at group 8, a quarter at 4). The dots' multiply count stays (the
+#     zero blocks of q): the bet is that the tensor cores have room to spare and the
+#     elementwise work per key does not;
 #   * P goes back to [rows, BLOCK_N] with zeros outside each row's lane, times the plain V tile;
 #   * each lane keeps its own online softmax; the lanes of a head merge once, at the end.
 #
