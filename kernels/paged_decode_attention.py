@@ -19,6 +19,10 @@
 #   * optional `key_start` (per-row first key) and `partials` (caller-owned scratch with more
 #     split slots than this launch fills; the caller reduces) let kernels/shared_prefix_decode.py
 #     run the suffix pass after a shared prefix through this kernel.
+#   * how a program walks its range is a choice (WALK for a 16-bit cache, FP8_WALK for e4m3):
+#     "keys" (attend_key_range below, the group as the dots' M rows), or kernels/
+#     paged_decode_walks.py's "blocks" (the padding rows take keys of their own), "blocks_t"
+#     (keys as M, the group as N) and "blocks_ts" (only the scores so).
 import math
 
 import torch
@@ -37,6 +41,13 @@ from kernels._launch import (
     output_buffer,
 )
 from kernels.fp8_quant import kv_scales
+from kernels.paged_decode_walks import (
+    WALK_CODES,
+    attend_key_lanes,
+    attend_keys_transposed,
+    load_lane_q,
+    walk_layout,
+)
 
 
 def paged_decode_attention_ref(
@@ -205,7 +216,7 @@ def _decode_split_kernel(
     stride_o_seq,
     stride_o_head,
     GROUP: tl.constexpr,  # query heads per KV head
-    BLOCK_G: tl.constexpr,  # GROUP padded to >= 16 (tl.dot needs M >= 16)
+    BLOCK_G: tl.constexpr,  # the walk's output rows, >= GROUP (walk_layout)
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     BLOCK_N: tl.constexpr,  # keys per tile
@@ -216,6 +227,8 @@ def _decode_split_kernel(
     FP8_WIDEN: tl.constexpr,  # 0: to q's dtype; 1: to fp16 (q too: one cvt per pair)
     UPCAST_DOT: tl.constexpr,  # interpreter only: dot in float32 (numpy has no bf16)
     DOT_PRECISION: tl.constexpr,
+    WALK: tl.constexpr,  # WALK_CODES: 0 keys, 1 blocks, 2 blocks_t, 3 blocks_ts
+    LANES: tl.constexpr,  # blocks: lanes of the program's keys (walk_layout)
 ):
     # KV heads vary fastest in the launch order: a sequence's heads run side by side and read
     # the same cache pages (a slot holds all heads) while they are open in DRAM. With an order,
@@ -242,9 +255,14 @@ def _decode_split_kernel(
     g_mask = offs_g < GROUP
     heads = kv_head * GROUP + offs_g  # [BLOCK_G] query head of each row
 
-    # q[seq, heads, d] -> [BLOCK_G, HEAD_DIM]; padding rows load zeros
-    q_ptrs = q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None], other=0.0)
+    if WALK == 1:
+        # [LANES * GROUP, LANES * HEAD_DIM], q stacked block-diagonally once per lane
+        q_group_ptr = q_ptr + seq * stride_q_seq + kv_head * GROUP * stride_q_head
+        q = load_lane_q(q_group_ptr, stride_q_head, GROUP=GROUP, LANES=LANES, HEAD_DIM=HEAD_DIM)
+    else:
+        # q[seq, heads, d] -> [BLOCK_G, HEAD_DIM]; padding rows load zeros
+        q_ptrs = q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=g_mask[:, None], other=0.0)
     if KV_FP8 and FP8_WIDEN != 0:
         # e4m3 widens to fp16 exactly in one instruction per pair (to bf16 it takes a detour
         # through fp16 or fp32); e4m3's range (448) and q's fit fp16, and P in [0, 1] gains bits
@@ -254,13 +272,32 @@ def _decode_split_kernel(
 
     # this sequence's block-table row
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    m_i, l_i, acc = attend_key_range(
-        q, k_cache_ptr, v_cache_ptr, kv_head * stride_kc_head, kv_head * stride_vc_head,
-        bt_row_ptr, start, end, qk_scale, v_scale,
-        stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-        ROWS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, KV_FP8=KV_FP8,
-        UPCAST_DOT=UPCAST_DOT, DOT_PRECISION=DOT_PRECISION,
-    )  # fmt: skip
+    # m_i, l_i [BLOCK_G], acc [BLOCK_G, HEAD_DIM]: row g is the group's head g
+    if WALK == 1:
+        m_i, l_i, acc = attend_key_lanes(
+            q, k_cache_ptr, v_cache_ptr, kv_head * stride_kc_head, kv_head * stride_vc_head,
+            bt_row_ptr, start, end, qk_scale, v_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            GROUP=GROUP, LANES=LANES, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+            KV_FP8=KV_FP8, UPCAST_DOT=UPCAST_DOT, DOT_PRECISION=DOT_PRECISION,
+        )  # fmt: skip
+    elif WALK >= 2:
+        m_i, l_i, acc = attend_keys_transposed(
+            tl.trans(q), k_cache_ptr, v_cache_ptr, kv_head * stride_kc_head,
+            kv_head * stride_vc_head, bt_row_ptr, start, end, qk_scale, v_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            COLS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+            KV_FP8=KV_FP8, UPCAST_DOT=UPCAST_DOT, DOT_PRECISION=DOT_PRECISION,
+            TRANS_PV=WALK == 2,
+        )  # fmt: skip
+    else:
+        m_i, l_i, acc = attend_key_range(
+            q, k_cache_ptr, v_cache_ptr, kv_head * stride_kc_head, kv_head * stride_vc_head,
+            bt_row_ptr, start, end, qk_scale, v_scale,
+            stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            ROWS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+            KV_FP8=KV_FP8, UPCAST_DOT=UPCAST_DOT, DOT_PRECISION=DOT_PRECISION,
+        )  # fmt: skip
 
     if NUM_SPLITS_IS_ONE:
         # out[seq, heads, d]; an empty context (seq_len 0) gives zeros, like the reference
@@ -342,6 +379,12 @@ FP8_LAUNCH: tuple[int, int, int] | None = (128, 4, 2)
 # fp16's bit layout were slower than both and are gone.
 FP8_WIDEN = "fp16"
 FP8_WIDEN_CODES = {"q": 0, "fp16": 1}
+# How a program walks its key range (kernels/paged_decode_walks.py: WALKS), for a 16-bit and for
+# an e4m3 cache. "keys" until the H200 says otherwise: another walk becomes FP8_WALK when its GPU
+# tests pass and benchmarks/sweeps/decode_fp8_sweep.py --walks finds its e4m3 geomean >= 1.15x
+# the bf16 "keys" kernel at the 70B's heads, every shape faster.
+WALK = "keys"
+FP8_WALK = "keys"
 MAX_SPLITS = 64  # cap of the automatic choice
 MAX_USER_SPLITS = 256  # cap of an explicit num_splits (the reduce kernel holds all of them)
 MIN_KEYS_PER_SPLIT = 256  # below this a split is mostly launch/reduce overhead
@@ -497,8 +540,8 @@ def paged_decode_attention(
 
     group = num_heads // num_kv_heads
     k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
-    BLOCK_G = max(16, next_power_of_2(group))
     kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    walk, BLOCK_G, lanes = walk_layout(FP8_WALK if kv_fp8 else WALK, group, block_size)
     BLOCK_N, num_warps, num_stages = decode_launch(head_dim, kv_fp8)
     # fp32 q keeps fp32 dots
     widen = FP8_WIDEN_CODES[FP8_WIDEN] if kv_fp8 and q.dtype != torch.float32 else 0
@@ -569,6 +612,8 @@ def paged_decode_attention(
         FP8_WIDEN=widen,
         UPCAST_DOT=upcast,
         DOT_PRECISION=precision,
+        WALK=WALK_CODES[walk],
+        LANES=lanes,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -27,6 +27,7 @@ from kernels import fp8_quant, rms_norm, rotary, rotary_store_kv, silu_mul, skin
 from kernels import paged_decode_attention as pda
 from kernels import paged_prefill_attention as ppa
 from kernels import shared_prefix_decode as spd
+from kernels.paged_decode_walks import WALK_CODES, WALKS, walk_layout
 from tests.kernels.ttgir_rows import rows_problem, tma_box_mismatches
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -177,21 +178,27 @@ def variants(dt: str = "bf16"):
               "seq_lens_ptr": "i32", "seq_order_ptr": "i32"}  # fmt: skip
         block_n, warps, stages = pda.decode_launch(head_dim, kv_fp8)
         widen = pda.FP8_WIDEN_CODES[pda.FP8_WIDEN] if kv_fp8 else 0
-        # (one split, order, key_start): the last is shared-prefix decode's suffix pass
-        for one_split, has_order, key_start in (
-            (True, True, False), (True, False, False), (False, True, False), (False, True, True)
-        ):  # fmt: skip
-            yield (
-                pda._decode_split_kernel,
-                {"q_ptr": dt, "out_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32",
-                 "part_acc_ptr": "fp32", "key_start_ptr": "i32", **kv},
-                ("qk_scale", "v_scale"),
-                {"GROUP": group, "BLOCK_G": max(16, group), "HEAD_DIM": head_dim,
-                 "BLOCK_SIZE": 16, "BLOCK_N": block_n, "NUM_SPLITS_IS_ONE": one_split,
-                 "HAS_ORDER": has_order, "HAS_KEY_START": key_start, "KV_FP8": kv_fp8,
-                 "FP8_WIDEN": widen, "UPCAST_DOT": False, "DOT_PRECISION": "tf32"},
-                warps, stages,
-            )  # fmt: skip
+        # (one split, order, key_start): the last is shared-prefix decode's suffix pass; every
+        # walk as the launcher sets it up (walk_layout), the other walks in two of them
+        for walk in WALKS:
+            ran, block_g, lanes = walk_layout(walk, group, 16)
+            if ran != walk:  # runs as "keys" at this group
+                continue
+            launches = ((True, True, False), (True, False, False), (False, True, False),
+                        (False, True, True))  # fmt: skip
+            for one_split, has_order, key_start in launches[:: 1 if walk == "keys" else 3]:
+                yield (
+                    pda._decode_split_kernel,
+                    {"q_ptr": dt, "out_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32",
+                     "part_acc_ptr": "fp32", "key_start_ptr": "i32", **kv},
+                    ("qk_scale", "v_scale"),
+                    {"GROUP": group, "BLOCK_G": block_g, "HEAD_DIM": head_dim,
+                     "BLOCK_SIZE": 16, "BLOCK_N": block_n, "NUM_SPLITS_IS_ONE": one_split,
+                     "HAS_ORDER": has_order, "HAS_KEY_START": key_start, "KV_FP8": kv_fp8,
+                     "FP8_WIDEN": widen, "UPCAST_DOT": False, "DOT_PRECISION": "tf32",
+                     "WALK": WALK_CODES[walk], "LANES": lanes},
+                    warps, stages,
+                )  # fmt: skip
         # shared-prefix decode's prefix kernel at the engine's 16 rows a group
         rows = 16  # engine/core/prefix_groups.py: MAX_ROWS
         block_m = max(16, pda.next_power_of_2(rows * group))

@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -31,3 +32,14 @@ def _reload_kernels_built_before_interpret() -> None:
 
 
 _reload_kernels_built_before_interpret()
+
+
+@pytest.fixture(params=["keys", "blocks", "blocks_t", "blocks_ts"])
+def decode_walk(request, monkeypatch):
+    """paged_decode_attention's split kernel walking its keys each way (kernels/
+    paged_decode_walks.py), for a 16-bit and for an e4m3 cache alike."""
+    from kernels import paged_decode_attention as pda
+
+    monkeypatch.setattr(pda, "WALK", request.param)
+    monkeypatch.setattr(pda, "FP8_WALK", request.param)
+    return request.param

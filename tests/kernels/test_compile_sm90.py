@@ -93,3 +93,24 @@ def test_warp_specialized_consumers_split_the_rows(sm90):
         assert r["warp_specialized"], r
         assert r["ws_rows_problem"] is None, r
         assert not r["tma_box_mismatches"], r
+
+
+@pytest.mark.slow
+@needs_ptxas
+def test_decode_walks_compile_for_sm90(sm90):
+    """Every walk of the decode split kernel (kernels/paged_decode_walks.py) compiles for sm_90
+    with tensor-core dots and no spills, at every group aot_sm90.py builds and over the e4m3
+    cache at the 70B's group of 8; there "blocks_t" (the group as the dots' N, 8 wide) issues
+    fewer mma instructions than "keys" (the group as M, padded to 16 rows)."""
+    decode = [r for r in sm90 if r["kernel"] == "_decode_split_kernel"]
+    assert {r["constexprs"]["WALK"] for r in decode} == {"0", "1", "2", "3"}
+    for r in decode:
+        assert r["mma_sync"] or r["wgmma"], r
+        assert not r["spill_stores"], r
+    e4m3_70b = {
+        r["constexprs"]["WALK"]: r
+        for r in decode
+        if r["constexprs"]["KV_FP8"] == "True" and r["constexprs"]["GROUP"] == "8"
+    }
+    assert set(e4m3_70b) == {"0", "1", "2", "3"}
+    assert e4m3_70b["2"]["mma_sync"] < e4m3_70b["0"]["mma_sync"]

@@ -22,6 +22,9 @@ from tests.kernels.kernel_test_utils import (
     randn,
 )
 
+# every test once per walk of the suffix pass's split kernel (conftest.py: decode_walk)
+pytestmark = pytest.mark.usefixtures("decode_walk")
+
 K_SCALE, V_SCALE = 0.5, 2.0
 
 
