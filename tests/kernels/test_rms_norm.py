@@ -148,7 +148,10 @@ def test_rms_norm_fp8_static_scale_and_scale_cap():
             got[:2], quantize_fp8(normed, kw.get("input_scale"), kw.get("scale_ub", 0.0))
         )
     capped = rms_norm_fp8(x, weight, 1e-6, residual, scale_ub=3.0)
-    assert (capped[1] <= 3.0 / E4M3_MAX).all()
+    # Within a few float32 ulps of 3 / 448: Triton's float32 division on the GPU is the fast
+    # one (up to 2 ulps; on the H200 the capped scale came out above the rounded quotient)
+    assert (capped[1] <= 3.0 / E4M3_MAX * (1 + 1e-6)).all()
+    assert (capped[1] >= 3.0 / E4M3_MAX * (1 - 1e-6)).all()  # ... and the cap did apply
     assert capped[0].float().abs().max().item() == E4M3_MAX  # the outlier column saturates
 
 
