@@ -19,6 +19,11 @@
 #           (workers/gpu/load_report.py): interactive arrivals keep overtaking a queued flex
 #           request, which gets only what they leave (on an H200, counting the work ahead
 #           alone admitted flex for a 30 s bound that then waited 53-89 s)
+#   seat  = for interactive, at least the wait for a seat by the workers' seat schedules
+#           (workers/gpu/seat_schedule.py): the (over + queued + 1)-th end among their running
+#           interactive requests. Requests admitted together end together, then no seat frees
+#           for a while: on an H200 the 8B's worst first tokens waited 1.8 s for a seat at 256
+#           running against work-model forecasts of 0.4-0.7 s
 #   TTFT  = max(wait, hold) + first token, on the worker that gets it out soonest:
 #   first = turns × prefill_step_s + seconds of the prompt tokens ahead + of its own
 #           + decode_step_s (the turn that delivers the token)
@@ -106,6 +111,11 @@ class WorkerLoad:
     prefill_hold_s: float = 0.0
     prefill_hold_tokens: int = 0
     interactive_share: float = 0.0  # of its seats interactive work holds or waits for, lately
+    # When its running interactive requests are expected to end (ascending, seconds from now),
+    # and how many interactive requests it holds beyond its seats (negative: seats free);
+    # None: not published (workers/gpu/seat_schedule.py)
+    seat_finish_s: tuple[float, ...] = ()
+    seat_over: int | None = None
 
     def held_s(self, priority: str, prompt_tokens: int) -> float:
         """How long the engine may spread this request's prompt while decodes run."""
@@ -194,6 +204,8 @@ class Load:
         # holding k times the mean request's KV waits until k of them could start.
         units = max(1.0, (request_tokens or 0) / (mean_prompt + mean_output))
         wait = max(0.0, work + units * mean_work - free) / self.pace(priority)
+        if priority != "batch":
+            wait = max(wait, self.seat_wait(queued / (mean_prompt + mean_output)))
         full = [w for w in self.workers if w.startable.get(priority, 0) == 0]
         reason = "kv" if full and all(w.limited_by == "kv" for w in full) else "ttft"
         # Seated at once: the prompts ahead of it (the engines' and Redis's, shared among the
@@ -207,6 +219,20 @@ class Load:
             for w in self.workers
         )
         return Prediction(ttft, reason)
+
+    def seat_wait(self, queued_requests: float) -> float:
+        """An interactive request's wait for a seat by the workers' seat schedules: it gets one
+        when the (over + queued + 1)-th of their running interactive requests ends (0 when one
+        is free). The rate of the work model above is right on average; this sees the order in
+        which the running set will end: after a burst of admissions no seat frees for a while.
+        Past the published ends, the last one (a lower bound; the work model prices the rest)."""
+        if not self.workers or any(w.seat_over is None for w in self.workers):
+            return 0.0
+        position = sum(w.seat_over for w in self.workers) + math.ceil(queued_requests) + 1
+        ends = sorted(s for w in self.workers for s in w.seat_finish_s)
+        if position <= 0 or not ends:
+            return 0.0
+        return ends[min(position, len(ends)) - 1]
 
     def pace(self, priority: str) -> float:
         """Seconds of the fleet's work per second that go to work of `priority` and above: one
@@ -320,7 +346,7 @@ STATS_FIELDS = [
     "decode_step_s", "prefill_step_s", "prefill_chunk_tokens", "prefill_tok_s", "prefill_pair_s",
     *(f"prefill_ahead_tokens_{prio}" for prio in p.PRIORITIES),
     *(f"prefill_ahead_s_{prio}" for prio in p.PRIORITIES),
-    "prefill_hold_s", "prefill_hold_tokens", "interactive_share",
+    "prefill_hold_s", "prefill_hold_tokens", "interactive_share", "seat_finish_s", "seat_over",
 ]  # fmt: skip
 
 
@@ -352,4 +378,14 @@ def _worker_load(stats: dict) -> WorkerLoad:
         prefill_hold_s=number("prefill_hold_s"),
         prefill_hold_tokens=int(number("prefill_hold_tokens")),
         interactive_share=min(1.0, max(0.0, number("interactive_share"))),
+        seat_finish_s=_seconds_list(stats.get("seat_finish_s")),
+        seat_over=int(stats["seat_over"]) if stats.get("seat_over") is not None else None,
     )
+
+
+def _seconds_list(value: str | None) -> tuple[float, ...]:
+    """A worker's comma-separated seconds (seat_finish_s), ascending."""
+    if not value:
+        return ()
+    seconds = (float(part) for part in value.split(",") if part)
+    return tuple(sorted(s for s in seconds if math.isfinite(s) and s >= 0))

@@ -18,12 +18,16 @@ _FLOATS = {"kv_cache_usage", "updated_at", "tokens_per_s", "mean_output_tokens",
            "prefill_step_s", "prefill_tok_s", "prefill_pair_s", "prefill_ahead_s_interactive",
            "prefill_ahead_s_batch", "prefill_hold_s", "interactive_share"}  # fmt: skip
 _STRINGS = {"model", "limited_by"}
+_FLOAT_LISTS = {"seat_finish_s"}  # comma-separated
 
 
 def _typed(stats: dict[str, str]) -> dict[str, object]:
     out: dict[str, object] = {}
     for k, v in stats.items():
-        out[k] = v if k in _STRINGS else float(v) if k in _FLOATS else int(v)
+        if k in _FLOAT_LISTS:
+            out[k] = [float(x) for x in v.split(",") if x]
+        else:
+            out[k] = v if k in _STRINGS else float(v) if k in _FLOATS else int(v)
     return out
 
 

@@ -164,3 +164,29 @@ def test_flex_gets_only_the_seats_interactive_demand_leaves():
     # Two workers: each contributes what its own interactive demand leaves.
     pair = load(dataclasses.replace(w, interactive_share=0.5), dataclasses.replace(w))
     assert pair.predict("batch", 2000).ttft_s == pytest.approx(3 * MEAN_WORK_S / 1.5 + own)
+
+
+def test_an_interactive_request_waits_for_the_seat_the_schedule_frees_for_it():
+    # Every seat taken (startable 0, nothing queued): the work model prices one mean request,
+    # 0.4 s. The worker's running interactive requests end in 0.1, 1.5 and 3 s: a request with
+    # one more queued ahead of it gets the second seat that frees, at 1.5 s.
+    full = worker(startable=0, seat_finish_s=(0.1, 1.5, 3.0), seat_over=0)
+    one_ahead = int(MEAN_PROMPT + MEAN_OUTPUT)
+    alone = load(full).predict("interactive", 2000).ttft_s
+    behind = load(full, interactive=one_ahead).predict("interactive", 2000).ttft_s
+    first = STEP_S + 2000 * TOK_S + DECODE_S  # seated later: its own prefill after the wait
+    assert alone == pytest.approx(max(MEAN_WORK_S, 0.1) + first)
+    assert behind == pytest.approx(1.5 + first)
+    # Two waiting in the engine beyond its seats come first: the third end, at 3 s; past the
+    # published ends, the last one at least.
+    assert load(dataclasses.replace(full, seat_over=2)).predict("interactive", 2000).ttft_s == (
+        pytest.approx(3.0 + first)
+    )
+    over = dataclasses.replace(full, seat_over=9)
+    assert load(over).predict("interactive", 2000).ttft_s >= 3.0 + first
+    # A free seat: no wait from the schedule; flex is left to the work model and its pace.
+    free = worker(startable=1, seat_finish_s=(5.0,), seat_over=-1)
+    assert load(free).predict("interactive", 2000).ttft_s < 1.0
+    assert load(full).seat_wait(5) == 3.0 and load(free).seat_wait(0) == 0.0
+    # A fleet where one worker does not publish its schedule: the work model alone.
+    assert load(full, worker(startable=0)).seat_wait(1) == 0.0

@@ -36,6 +36,7 @@ from engine.core.request import Priority
 from engine.core.step_cost import chunk_pairs
 from service.settings import Settings
 from workers.gpu.load_report import LoadReport
+from workers.gpu.seat_schedule import SeatSchedule, seat_schedule
 from workers.gpu.step_prices import StepPrices
 
 # The TPOT target is never below this many lone-stream turns. At t(B) = 2·t(1) a running set of B
@@ -79,6 +80,8 @@ class IntakeBudget:
     # prefill_hold_tokens toward its deadline before giving it whole steps (its TTFT guard)
     prefill_hold_s: float = 0.0
     prefill_hold_tokens: int = 0
+    # When its running interactive requests end (workers/gpu/seat_schedule.py; None: unpriced)
+    seats_free: SeatSchedule | None = None
 
     def fields(self) -> dict[str, str]:
         """For the worker's stats hash (read by api/load_shedding.py)."""
@@ -106,6 +109,8 @@ class IntakeBudget:
             for priority, tokens in self.prefill_ahead_tokens.items():
                 out[f"prefill_ahead_tokens_{priority}"] = str(tokens)
                 out[f"prefill_ahead_s_{priority}"] = f"{self.prefill_ahead_s[priority]:.4f}"
+        if self.seats_free is not None:
+            out |= self.seats_free.fields()
         return out
 
 
@@ -123,6 +128,7 @@ def intake_budget(
     headroom = math.ceil(settings.kv_headroom * bm.num_blocks)
     max_running = settings.max_num_seqs
     prefill_token_s = decode_token_s = decode_step_s = None
+    seats_free = None
     kv_rows = (bm.num_blocks - headroom) // per_request
     if prices.fitted:
         lone = prices.decode_step_s(1, int(context_per_row))
@@ -139,6 +145,9 @@ def intake_budget(
         prefill_token_s = prices.prefill_s(int(mean_prompt)) / mean_prompt
         context = sum(r.num_tokens for r in scheduler.running)
         decode_step_s = prices.decode_step_s(num_running, context) if num_running else 0.0
+        # A turn of the running set carries its decodes and its share of the new prompts.
+        turn_s = decode_step_s + num_running * prompt_share
+        seats_free = seat_schedule(engine, max_running, turn_s, expected)
     elif report.tokens_per_s > 0:  # not fitted yet: every token at the measured mean rate
         prefill_token_s = decode_token_s = 1.0 / report.tokens_per_s
 
@@ -209,6 +218,7 @@ def intake_budget(
         decode_step_s=decode_step_s,
         waiting_work_s=work,
         oldest_waiting_s=oldest,
+        seats_free=seats_free,
         **prefill,
     )
 
