@@ -22,6 +22,35 @@ if not torch.cuda.is_available():
     torch.set_num_threads(1)
 
 
+_OWN_BASETEMP = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the tmpdir plugin's reads the option
+def pytest_configure(config):
+    # A fresh basetemp of this session's own, not pytest's /tmp/pytest-of-<user>/pytest-<n>: a
+    # session sets that shared parent back to 0700 when it starts, which locks the unprivileged
+    # user pgserver runs Postgres as (when root) out of the data directories that a session still
+    # running made under it, and one a previous session left behind at 0700 failed later runs
+    # with permission errors. Removed when no test failed; kept (and named at the end) when one
+    # did, for the servers' logs.
+    if config.option.basetemp is None:
+        path = Path(tempfile.mkdtemp(prefix=f"fleetlm-pytest-{os.geteuid()}-"))
+        config.option.basetemp = str(path)
+        config.stash[_OWN_BASETEMP] = path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.stash.get(_OWN_BASETEMP, None)
+    if path is not None and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    path = config.stash.get(_OWN_BASETEMP, None)
+    if path is not None and path.exists():
+        terminalreporter.write_line(f"test files (servers' logs) kept in {path}")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -34,12 +34,21 @@ def build_model(
 ) -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(config, dtype, tp, fp8)
-    model = model.to_empty(device=device)
+    model = _materialize(model, device)
     if checkpoint is None:
         init_dummy_weights(model, seed + tp.rank)
     else:
         load_checkpoint(model, checkpoint)
     return model.eval().requires_grad_(False)
+
+
+def _materialize(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """Module.to_empty(device), with torch.empty_strided for its torch.empty_like: empty_like of
+    a meta tensor runs torch's Python reference, whose first call imports sympy (1.8 s of a CPU
+    worker's 6 s start-up, on every worker and tensor-parallel rank)."""
+    return model._apply(
+        lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+    )
 
 
 @torch.no_grad()

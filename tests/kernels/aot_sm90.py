@@ -6,6 +6,12 @@
 # "wgmma.mma_async instructions are serialized" notes (C751x), each a lost overlap of tensor-core
 # work, found by running the bundled ptxas -v again on the PTX.
 # Uses Triton's compiler entry points (ASTSource, GPUTarget) as of triton 3.6.
+#
+# Triton caches the compiles themselves (~/.triton/cache); ptxas -v is run again for each wgmma
+# variant, about three quarters of a warm run (14 of 18 s on a 2-core machine), so its notes are
+# kept on disk too (ptxas_notes below).
+import functools
+import hashlib
 import json
 import os
 import re
@@ -35,16 +41,64 @@ SMEM_LIMIT = 232448  # max shared memory per block on sm_90
 DIVISIBLE_INTS = {"k_per_split"}  # skinny_gemm: whole BLOCK_K tiles
 
 
+def _ptxas() -> Path:
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@functools.cache
+def _notes_dir() -> Path | None:
+    """Where the notes are kept between runs: a directory of this user's under the temp dir
+    (outside the checkout, so CI's fresh clone on the same machine finds it too). None when it
+    is someone else's or not a plain directory: notes read from a directory another user can
+    write to could hide a serialized wgmma, so then every run asks ptxas."""
+    path = Path(tempfile.gettempdir()) / f"fleetlm-aot-sm90-{os.geteuid()}"
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+    except OSError:
+        return None
+    if path.is_symlink() or not path.is_dir() or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return None
+    return path
+
+
+@functools.cache
+def _ptxas_identity() -> str:
+    """The bundled ptxas, as far as its output can differ: a new triton wheel brings another."""
+    st = _ptxas().stat()
+    return f"{_ptxas()}:{st.st_size}:{st.st_mtime_ns}:{triton.__version__}"
+
+
+@functools.cache
 def ptxas_notes(ptx: str, maxnreg: int | None) -> list[str]:
-    """The performance notes (C75xx codes) of triton's bundled ptxas -v on `ptx` for sm_90a."""
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    """The performance notes (C75xx codes) of triton's bundled ptxas -v on `ptx` for sm_90a,
+    from the disk when this ptxas has seen the same PTX and register cap before (its output is
+    a function of those: the key is their hash)."""
+    key = hashlib.sha256(f"{_ptxas_identity()}\n{maxnreg}\n{ptx}".encode()).hexdigest()
+    cached = _notes_dir() / f"{key}.json" if _notes_dir() else None
+    if cached is not None and cached.is_file():
+        try:
+            return json.loads(cached.read_text())
+        except ValueError:  # a write cut short: ask ptxas again
+            pass
+    notes, ok = _run_ptxas(ptx, maxnreg)
+    if cached is not None and ok:  # a failed run is not kept: the next one tries again
+        # Written whole, then renamed: a concurrent run never reads half a file.
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(notes))
+        tmp.replace(cached)
+    return notes
+
+
+def _run_ptxas(ptx: str, maxnreg: int | None) -> tuple[list[str], bool]:
+    ptxas = _ptxas()
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "k.ptx"
         src.write_text(ptx)
         cmd = [str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(d) / "k.cubin")]
         cmd += [f"--maxrregcount={maxnreg}"] if maxnreg else []
-        info = subprocess.run(cmd, capture_output=True, text=True).stderr
-    return sorted(set(re.findall(r"\((C75\d\d)\)", info)))
+        run = subprocess.run(cmd, capture_output=True, text=True)
+    return sorted(set(re.findall(r"\((C75\d\d)\)", run.stderr))), run.returncode == 0
 
 
 def compile_sm90(fn, ptr_types, float_args, constexprs, num_warps, num_stages, maxnreg=None):
