@@ -112,3 +112,16 @@ def int_tensor(values: list[int], dtype: torch.dtype = torch.int32) -> torch.Ten
 
 def nan_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, float("nan"))
+
+
+# The e4m3 KV caches of the decode tests hold K / K_SCALE and V / V_SCALE (K drawn 3x wider, as
+# a model's keys are, so the scale matters).
+K_SCALE, V_SCALE = 0.5, 2.0
+
+
+def fp8_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 k/v caches as e4m3 caches at K_SCALE / V_SCALE."""
+    from kernels.fp8_quant import FP8_DTYPE
+    from kernels.store_kv import to_cache_dtype
+
+    return to_cache_dtype(k * 3, FP8_DTYPE, K_SCALE), to_cache_dtype(v, FP8_DTYPE, V_SCALE)

@@ -11,8 +11,11 @@ from kernels.paged_decode_attention import paged_decode_attention, paged_decode_
 from kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from kernels.store_kv import store_kv, store_kv_ref, to_cache_dtype
 from tests.kernels.kernel_test_utils import (
+    K_SCALE,
+    V_SCALE,
     assert_close,
     assert_same_e4m3,
+    fp8_kv,
     gen,
     int_tensor,
     nan_like,
@@ -20,15 +23,13 @@ from tests.kernels.kernel_test_utils import (
     randn,
 )
 
-K_SCALE, V_SCALE = 0.5, 2.0
-
 
 def _fp8_cache(seq_lens, *, num_kv_heads, head_dim, block_size, g):
     k, v, tables = paged_kv(
         seq_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
         dtype=torch.float32, g=g,
     )  # fmt: skip
-    return to_cache_dtype(k * 3, FP8_DTYPE, K_SCALE), to_cache_dtype(v, FP8_DTYPE, V_SCALE), tables
+    return *fp8_kv(k, v), tables
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

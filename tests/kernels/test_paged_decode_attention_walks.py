@@ -10,10 +10,12 @@ from kernels import paged_decode_attention as pda
 from kernels.fp8_quant import FP8_DTYPE
 from kernels.paged_decode_attention import paged_decode_attention, paged_decode_attention_ref
 from kernels.paged_decode_walks import MAX_LANES, walk_layout
-from kernels.store_kv import to_cache_dtype
 from tests.kernels.kernel_test_utils import (
     DEVICE,
+    K_SCALE,
+    V_SCALE,
     assert_close,
+    fp8_kv,
     gen,
     int_tensor,
     nan_like,
@@ -23,8 +25,6 @@ from tests.kernels.kernel_test_utils import (
 )
 
 pytestmark = pytest.mark.usefixtures("decode_walk")  # conftest.py: every test in each walk
-
-K_SCALE, V_SCALE = 0.5, 2.0
 LOG2E = 1.4426950408889634
 
 
@@ -36,7 +36,7 @@ def _caches(seq_lens, *, num_kv_heads, head_dim, block_size, cache, g):
         dtype=dtype, g=g,
     )  # fmt: skip
     if cache == FP8_DTYPE:
-        k, v = to_cache_dtype(k * 3, FP8_DTYPE, K_SCALE), to_cache_dtype(v, FP8_DTYPE, V_SCALE)
+        k, v = fp8_kv(k, v)
     return k, v, tables
 
 

@@ -11,10 +11,12 @@ from kernels.shared_prefix_decode import (
     shared_prefix_decode_attention,
     shared_prefix_decode_attention_ref,
 )
-from kernels.store_kv import to_cache_dtype
 from tests.kernels.kernel_test_utils import (
     DEVICE,
+    K_SCALE,
+    V_SCALE,
     assert_close,
+    fp8_kv,
     gen,
     int_tensor,
     nan_like,
@@ -24,8 +26,6 @@ from tests.kernels.kernel_test_utils import (
 
 # every test once per walk of the suffix pass's split kernel (conftest.py: decode_walk)
 pytestmark = pytest.mark.usefixtures("decode_walk")
-
-K_SCALE, V_SCALE = 0.5, 2.0
 
 
 def _shared_case(seq_lens, groups, *, num_kv_heads, head_dim, block_size, cache_dtype, g):
@@ -40,7 +40,7 @@ def _shared_case(seq_lens, groups, *, num_kv_heads, head_dim, block_size, cache_
         for r in rows[1:]:
             tables[r, :shared] = tables[rows[0], :shared]
     if cache_dtype == FP8_DTYPE:
-        k, v = to_cache_dtype(k * 3, FP8_DTYPE, K_SCALE), to_cache_dtype(v, FP8_DTYPE, V_SCALE)
+        k, v = fp8_kv(k, v)
     return k, v, tables
 
 
