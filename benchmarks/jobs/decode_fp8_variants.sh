@@ -10,11 +10,7 @@
 # A walk becomes pda.FP8_WALK when its tests pass and its e4m3 line reads geomean >= 1.15x with
 # every shape faster ("meets the FP8_WALK rule" in the log).
 #   benchmarks/device_jobs.sh start benchmarks/jobs/decode_fp8_variants.sh; WAIT_S=300 ... collect
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-stamp() { echo "[$(date +%H:%M:%S)] $*"; }
+. benchmarks/jobs/base.sh
 nvidia-smi -L
 if [ -z "${SKIP_TESTS:-}" ]; then
   k=tests/kernels

@@ -8,11 +8,7 @@
 #   3. a 70B FP8 decode step kernel by kernel against its bandwidth floor (decode_breakdown.py);
 #   4. `nano` on the 70B FP8 with an e4m3 cache against its roofline (fleetlm bench engine).
 #   benchmarks/device_jobs.sh start benchmarks/jobs/fp8_decode_70b.sh; WAIT_S=560 ... collect
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-stamp() { echo "[$(date +%H:%M:%S)] $*"; }
+. benchmarks/jobs/base.sh
 nvidia-smi -L
 [ -n "${SKIP_TESTS:-}" ] || { timeout 300 python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_skinny_gemm.py tests/kernels/test_paged_decode_attention.py \

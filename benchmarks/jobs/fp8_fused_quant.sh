@@ -8,11 +8,7 @@
 #   3. a 70B FP8 decode step kernel by kernel, fused and then unfused (--unfused-fp8-quant), at
 #      the batch sizes the fusion covers (<= FP8_SKINNY_MAX_ROWS = 64) and 2k context.
 #   benchmarks/device_jobs.sh start benchmarks/jobs/fp8_fused_quant.sh; WAIT_S=560 ... collect
-set -u
-R=$JOBS/results
-mkdir -p "$R"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-stamp() { echo "[$(date +%H:%M:%S)] $*"; }
+. benchmarks/jobs/base.sh
 nvidia-smi -L
 [ -n "${SKIP_TESTS:-}" ] || { timeout 300 python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_rms_norm.py tests/kernels/test_silu_mul.py tests/kernels/test_fp8_quant.py \
