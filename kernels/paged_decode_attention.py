@@ -48,6 +48,7 @@ from kernels.paged_decode_walks import (
     load_lane_q,
     walk_layout,
 )
+from kernels.paged_kv_tile import key_slots, load_kv_tile
 
 
 def paged_decode_attention_ref(
@@ -123,31 +124,16 @@ def attend_key_range(
     """→ (m [ROWS] running max (log2 domain), l [ROWS] sum of exp2(s - m), acc [ROWS, HEAD_DIM]
     unnormalised P @ V times v_scale for an e4m3 cache; float32). An empty range gives (-inf,
     0, 0)."""
-    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)  # running max
     l_i = tl.zeros([ROWS], dtype=tl.float32)  # running sum of exp2
     acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        offs_tok = n0 + offs_n  # [BLOCK_N] key positions in the row
-        tok_mask = offs_tok < end
-        # block_table_row[pos // BLOCK_SIZE]; masked so entries past the range are never read
-        block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
-        block_ids = block_ids.to(tl.int64)  # int64: block * stride overflows int32 on big caches
-        slot_offs = offs_tok % BLOCK_SIZE  # offset within the block
-        # k_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
-        k_ptrs = (
-            k_cache_ptr
-            + block_ids[:, None] * stride_kc_block
-            + slot_offs[:, None] * stride_kc_slot
-            + kv_head_off
-            + offs_d[None, :]
-        )
-        k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(q.dtype)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
+        tok_mask, block_ids, slot_offs = key_slots(bt_row_ptr, n0 + offs_n, end, BLOCK_SIZE)
+        k = load_kv_tile(
+            k_cache_ptr, kv_head_off, block_ids, slot_offs, tok_mask, stride_kc_block,
+            stride_kc_slot, q, HEAD_DIM, KV_FP8, UPCAST_DOT,
+        )  # fmt: skip
         # scores [ROWS, BLOCK_N] in the log2 domain
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(tok_mask[None, :], s, float("-inf"))
@@ -156,19 +142,10 @@ def attend_key_range(
         alpha = tl.exp2(m_i - m_new)  # rescales the old state; 0 on the first tile
         p = tl.exp2(s - m_new[:, None])  # [ROWS, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        # v_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
-        v_ptrs = (
-            v_cache_ptr
-            + block_ids[:, None] * stride_vc_block
-            + slot_offs[:, None] * stride_vc_slot
-            + v_head_off
-            + offs_d[None, :]
-        )
-        v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            v = v.to(q.dtype)
-        if UPCAST_DOT:
-            v = v.to(tl.float32)
+        v = load_kv_tile(
+            v_cache_ptr, v_head_off, block_ids, slot_offs, tok_mask, stride_vc_block,
+            stride_vc_slot, q, HEAD_DIM, KV_FP8, UPCAST_DOT,
+        )  # fmt: skip
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     if KV_FP8:

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import is_power_of_2, next_power_of_2
+from kernels.paged_kv_tile import key_slots, load_kv_tile
 
 WALKS = ("keys", "blocks", "blocks_t", "blocks_ts")
 WALK_CODES = {walk: code for code, walk in enumerate(WALKS)}
@@ -208,30 +209,16 @@ def attend_keys_transposed(
     TRANS_PV: tl.constexpr,  # blocks_t: V^T @ P^T; blocks_ts: P @ V, the group as M again
 ):
     """→ (m [COLS], l [COLS], acc [COLS, HEAD_DIM]) as attend_key_range's."""
-    offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([COLS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([COLS], dtype=tl.float32)
     acc_t = tl.zeros([HEAD_DIM, COLS], dtype=tl.float32)  # (P @ V)^T
     for n0 in range(start, end, BLOCK_N):
-        offs_tok = n0 + offs_n  # [BLOCK_N]
-        tok_mask = offs_tok < end
-        block_ids = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
-        block_ids = block_ids.to(tl.int64)
-        slot_offs = offs_tok % BLOCK_SIZE
-        # k_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
-        k_ptrs = (
-            k_cache_ptr
-            + block_ids[:, None] * stride_kc_block
-            + slot_offs[:, None] * stride_kc_slot
-            + kv_head_off
-            + offs_d[None, :]
-        )
-        k = tl.load(k_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(q_t.dtype)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
+        tok_mask, block_ids, slot_offs = key_slots(bt_row_ptr, n0 + offs_n, end, BLOCK_SIZE)
+        k = load_kv_tile(
+            k_cache_ptr, kv_head_off, block_ids, slot_offs, tok_mask, stride_kc_block,
+            stride_kc_slot, q_t, HEAD_DIM, KV_FP8, UPCAST_DOT,
+        )  # fmt: skip
         # scores^T [BLOCK_N, COLS], log2 domain; every tile holds >= 1 valid key
         s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION) * qk_scale
         s_t = tl.where(tok_mask[:, None], s_t, float("-inf"))
@@ -239,19 +226,10 @@ def attend_keys_transposed(
         alpha = tl.exp2(m_i - m_new)
         p_t = tl.exp2(s_t - m_new[None, :])  # [BLOCK_N, COLS]
         l_i = l_i * alpha + tl.sum(p_t, axis=0)
-        # v_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM]
-        v_ptrs = (
-            v_cache_ptr
-            + block_ids[:, None] * stride_vc_block
-            + slot_offs[:, None] * stride_vc_slot
-            + v_head_off
-            + offs_d[None, :]
-        )
-        v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            v = v.to(q_t.dtype)
-        if UPCAST_DOT:
-            v = v.to(tl.float32)
+        v = load_kv_tile(
+            v_cache_ptr, v_head_off, block_ids, slot_offs, tok_mask, stride_vc_block,
+            stride_vc_slot, q_t, HEAD_DIM, KV_FP8, UPCAST_DOT,
+        )  # fmt: skip
         if TRANS_PV:
             pv_t = tl.dot(tl.trans(v), p_t.to(v.dtype), input_precision=DOT_PRECISION)
         else:
