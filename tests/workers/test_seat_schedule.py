@@ -9,6 +9,7 @@ import pytest
 from engine import SamplingParams
 from tests.workers.test_intake_budget import engine, fitted_prices, report, run, settings
 from workers.gpu.intake_budget import intake_budget
+from workers.gpu.output_lengths import OutputLengths
 from workers.gpu.seat_schedule import MAX_PUBLISHED, seat_schedule
 
 
@@ -36,13 +37,25 @@ def test_the_oldest_running_requests_free_their_seats_first():
     assert fields["seat_over"] == "0" and len(fields["seat_finish_s"].split(",")) == 4
 
 
-def test_a_request_past_the_mean_output_is_expected_to_end_next_turn_at_the_latest():
+def test_a_request_past_the_mean_output_is_priced_by_the_longer_outputs():
     eng = engine()
-    run(eng, 1)
+    run(eng, 1)  # max_tokens 32
     for _ in range(20):
         eng.step()
-    # Mean output 8: the request has 21 tokens of its 32, so it may end any turn: one more.
-    (end,) = seat_schedule(eng, max_running=4, turn_s=0.05, expected_output=8).finish_s
-    assert end == pytest.approx(0.05)
+    (r,) = eng.scheduler.running
+    made = r.num_output_tokens
+    assert made > 8
+    # Finished outputs of 8 and 28 tokens: past 8 only the 28 is left, so 28 - made more turns
+    # (not one more, as when the mean of 18 was all the schedule knew).
+    outputs = OutputLengths(default=8)
+    for n in (8, 28):
+        outputs.add(n)
+    (end,) = seat_schedule(eng, max_running=4, turn_s=0.05, outputs=outputs).finish_s
+    assert end == pytest.approx((28 - made) * 0.05)
+    # Past every output seen: as long again as it has run, capped by its max_tokens (32).
+    outputs = OutputLengths(default=8)
+    outputs.add(8)
+    (end,) = seat_schedule(eng, max_running=4, turn_s=0.05, outputs=outputs).finish_s
+    assert end == pytest.approx((32 - made) * 0.05)
     # Published: at most MAX_PUBLISHED ends.
     assert MAX_PUBLISHED >= 32

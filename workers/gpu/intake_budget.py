@@ -147,7 +147,7 @@ def intake_budget(
         decode_step_s = prices.decode_step_s(num_running, context) if num_running else 0.0
         # A turn of the running set carries its decodes and its share of the new prompts.
         turn_s = decode_step_s + num_running * prompt_share
-        seats_free = seat_schedule(engine, max_running, turn_s, expected)
+        seats_free = seat_schedule(engine, max_running, turn_s, report.output_lengths)
     elif report.tokens_per_s > 0:  # not fitted yet: every token at the measured mean rate
         prefill_token_s = decode_token_s = 1.0 / report.tokens_per_s
 

@@ -17,14 +17,17 @@ import math
 from collections import deque
 
 from service.admission import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS
+from workers.gpu.output_lengths import OutputLengths
 
 WINDOW_S = 1.0  # seconds of work per rate sample
 ALPHA = 0.3  # weight of the newest rate sample
 # The mean lengths are over the last FINISHED_WINDOW finished requests, not a moving average:
 # the brief's traffic has a 2 % tail of 8k-30k-token documents and lognormal outputs, and one
 # such request moved a 0.3-weighted mean by thousands of tokens, and the running set the
-# seat rule sizes from it (workers/gpu/intake_budget.py) with it.
-FINISHED_WINDOW = 64
+# seat rule sizes from it (workers/gpu/intake_budget.py) with it. A window of 64 still held
+# 0-4 of those documents: on an H200 the 8B's mean uncached prompt swung 340-690 tokens within
+# seconds, and its TPOT seats with it; 256 hold ~5 and move ~120 tokens for each.
+FINISHED_WINDOW = 256
 # Interactive demand, as a share of the seats the worker sustains (the running set the TPOT
 # target and the KV pool allow): the interactive requests running or waiting in its engine over
 # those seats, averaged over about SHARE_TAU_S. By Little's law the seats a class holds are its
@@ -46,6 +49,8 @@ class LoadReport:
         self._tokens = 0
         self._busy_s = 0.0
         self._finished: deque[tuple[int, int, int]] = deque(maxlen=FINISHED_WINDOW)
+        # the finished outputs' distribution, for a running request's remaining output
+        self.output_lengths = OutputLengths(DEFAULT_OUTPUT_TOKENS)
         self.interactive_share = 0.0
         self._share_at: float | None = None
 
@@ -63,6 +68,7 @@ class LoadReport:
     ) -> None:
         uncached = max(0, prompt_tokens - cached_tokens)
         self._finished.append((completion_tokens, prompt_tokens, uncached))
+        self.output_lengths.add(completion_tokens)
         n = len(self._finished)
         self.mean_output_tokens = sum(f[0] for f in self._finished) / n
         self.mean_prompt_tokens = sum(f[1] for f in self._finished) / n

@@ -5,11 +5,12 @@
 # seat frees for a while. On an H200 the 8B at 256 seats had first tokens waiting 1.75-1.84 s for
 # a seat against forecasts of 0.40-0.70 s (docs/benchmarks.md#overload-issue-36).
 #
-# The worker knows its running set: each interactive request's expected remaining output (its
-# max_tokens, or the mean output when that is longer, at least one more token) at the turn time
-# the step prices predict for the running set (its decodes plus its share of the prompts the
-# turns carry). Batch requests are left out: an interactive arrival takes a running batch
-# request's seat at once (the scheduler preempts it), so those seats count as free already.
+# The worker knows its running set: each interactive request's expected remaining output (by the
+# outputs the worker finished lately, given what it has made so far and its max_tokens:
+# workers/gpu/output_lengths.py) at the turn time the step prices predict for the running set
+# (its decodes plus its share of the prompts the turns carry). Batch requests are left out: an
+# interactive arrival takes a running batch request's seat at once (the scheduler preempts it),
+# so those seats count as free already.
 #
 #   finish_s  the predicted seconds until each running interactive request ends, ascending,
 #             the first MAX_PUBLISHED of them
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 from engine import LLMEngine
 from engine.core.request import Priority
+from workers.gpu.output_lengths import OutputLengths
 
 MAX_PUBLISHED = 64  # finish times published (a request further back is priced by the work model)
 
@@ -42,9 +44,9 @@ class SeatSchedule:
 
 
 def seat_schedule(
-    engine: LLMEngine, max_running: int, turn_s: float, expected_output: int
+    engine: LLMEngine, max_running: int, turn_s: float, outputs: OutputLengths
 ) -> SeatSchedule:
-    """turn_s: the predicted turn of the running set; expected_output: the mean output."""
+    """turn_s: the predicted turn of the running set; outputs: the finished outputs."""
     scheduler = engine.scheduler
     turns: list[int] = []
     held = 0  # requests interactive work cannot take the seat of
@@ -52,9 +54,8 @@ def seat_schedule(
         if r.priority is not Priority.INTERACTIVE:
             continue
         held += 1
-        total = min(r.max_tokens, max(expected_output, r.num_output_tokens + 1))
         prefill = 1 if r.num_tokens - r.num_computed_tokens > 1 else 0  # its last chunk's turn
-        turns.append(prefill + max(1, total - r.num_output_tokens))
+        turns.append(prefill + outputs.remaining(r.num_output_tokens, r.max_tokens))
     turns.sort()
     waiting = len(scheduler.waiting[Priority.INTERACTIVE])
     return SeatSchedule(
