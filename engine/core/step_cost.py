@@ -12,7 +12,13 @@
 #   [prefill > 0]   a step with a prefill chunk runs eagerly (no CUDA graph): launch overhead
 #
 # The weights are a least-squares fit over the last `window` steps, refit every `refit_every`
-# steps and kept non-negative (a negative weight would promise free work).
+# steps and kept non-negative (a negative weight would promise free work). Each refit after the
+# first is anchored at the last weights, as if PRIOR_STEPS more steps had measured each feature
+# at full scale: directions the window does not identify keep their last value instead of
+# landing anywhere. A running set that sits at its 256 seats for a minute makes the fixed cost
+# and a row's cost collinear; unanchored, successive refits of an 8B on an H200 split them so
+# differently that the TPOT rule's seats (workers/gpu/step_prices.py) swung 90-256 within a
+# second, and the requests admitted for the seats it had a moment before waited 2 s for one.
 from __future__ import annotations
 
 import math
@@ -23,6 +29,7 @@ import numpy as np
 from engine.core.request import Priority
 
 NUM_FEATURES = 6
+PRIOR_STEPS = 64  # the last fit's weight in each refit, in steps (windows hold 1,024-2,048)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +84,16 @@ class StepCostModel:
         x, y = self._x[:n], self._y[:n]
         # Columns that never vary carry no information (e.g. no prefill seen yet): fit the rest.
         active = [0] + [j for j in range(1, NUM_FEATURES) if np.ptp(x[:, j]) > 0]
+        prior = self.weights
         weights = np.zeros(NUM_FEATURES)
         for _ in range(NUM_FEATURES):  # drop negative weights and refit: a small NNLS
             scale = np.maximum(np.abs(x[:, active]).max(axis=0), 1e-12)
-            solved, *_ = np.linalg.lstsq(x[:, active] / scale, y, rcond=None)
+            a, b = x[:, active] / scale, y
+            if prior is not None:  # in scaled units: each feature at 1 in PRIOR_STEPS steps
+                root = math.sqrt(PRIOR_STEPS)
+                a = np.vstack([a, root * np.eye(len(active))])
+                b = np.concatenate([y, root * prior[active] * scale])
+            solved, *_ = np.linalg.lstsq(a, b, rcond=None)
             solved = solved / scale
             negative = [a for a, w in zip(active, solved) if w < 0 and a != 0]
             if not negative:

@@ -9,6 +9,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
+from engine.core import step_cost
 from engine.core.step_cost import PrefillPolicy, StepCostModel, StepFeatures, chunk_pairs
 
 # A synthetic machine: 4 ms fixed, 20 ms more for an eager (prefill) step, 30 µs per decode
@@ -166,3 +167,38 @@ def test_the_deadline_share_never_lowers_what_the_target_allows():
     decodes = [_Req(1000) for _ in range(8)]
     allowed = model.max_prefill_tokens(8, 8000, 0, 0.040, limit=8192 - 8)
     assert policy.allowance(decodes, [_Req(100)], 8192, time.time()) == allowed
+
+
+def _seats_over_refits(monkeypatch, prior_steps: int) -> list[int]:
+    """The TPOT rule's seats (workers/gpu/step_prices.py's formula) after each refit of a model
+    fit on varied turns and then fed a running set pinned at its 256 seats, with jittery
+    turns (host noise of ±25 %) and the occasional prompt chunk."""
+    import engine.core.step_cost as step_cost
+
+    monkeypatch.setattr(step_cost, "PRIOR_STEPS", prior_steps)
+    rng = random.Random(5)
+    model = StepCostModel(window=1024, min_samples=32, refit_every=16)
+    for _ in range(256):  # the ramp up: rows of every count
+        f = random_features(rng)
+        model.observe(f, true_time(f) * (1 + rng.uniform(-0.05, 0.05)))
+    seats = []
+    for i in range(3000):
+        rows = rng.randint(250, 256)
+        chunk = rng.choice([0, 0, 0, rng.randint(1, 512)])
+        f = StepFeatures(rows, rows * rng.randint(1800, 2600), chunk, chunk_pairs(chunk, 1200))
+        model.observe(f, true_time(f) * (1 + rng.uniform(-0.25, 0.25)))
+        if i % 16 == 15:
+            w = model.weights
+            seats.append(int((0.006 - w[0]) / (w[2] + w[3] * 2200)))
+    return seats
+
+
+def test_refits_of_a_pinned_running_set_keep_the_split_between_fixed_and_row_cost(monkeypatch):
+    # True seats: (6 ms - 4 ms) / (30 µs + 2 ns × 2,200) = 58. Without the anchor each refit
+    # splits the (collinear) fixed and row costs anew and the seats swing; with it they hold.
+    truth = int((0.006 - TRUE[0]) / (TRUE[2] + TRUE[3] * 2200))
+    anchored = _seats_over_refits(monkeypatch, prior_steps=step_cost.PRIOR_STEPS)
+    spread = (min(anchored), max(anchored))
+    assert 0.8 * truth <= spread[0] and spread[1] <= 1.2 * truth, spread
+    free = _seats_over_refits(monkeypatch, prior_steps=0)
+    assert max(free) - min(free) > 2 * (max(anchored) - min(anchored)), (min(free), max(free))
