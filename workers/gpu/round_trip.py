@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -305,9 +306,14 @@ class RoundTrip:
         for queue, entry_id, fields in [*taken, *polled]:
             self.took(self.intake.how(queue))
             self.admission.admit(queue, entry_id, fields, counted=True)
+        budget, seats = self.budget, self.budget.seats_free if self.budget else None
         self.step_timing.add(
             row, exchange_build_s=exchange.build_s, exchange_io_s=exchange.io_s,
-            apply_s=time.perf_counter() - t0,
+            apply_s=time.perf_counter() - t0, room=exchange.room, taken=len(taken) + len(polled),
+            max_running=budget.max_running if budget else math.nan,
+            seat_over=seats.over if seats else math.nan,
+            mean_output=self.load.mean_output_tokens,
+            mean_uncached_prompt=self.load.mean_uncached_prompt_tokens,
         )  # fmt: skip
 
     def _drop_lost(self) -> None:

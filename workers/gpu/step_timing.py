@@ -22,6 +22,14 @@ WORKER_FIELDS = (
     "apply_s",  # applying what it read after this step: cancels, new requests
     "loop_s",  # the whole loop turn: step + exchange + admission
     "gc_s",  # Python garbage collection during the loop turn
+    # The intake of that round trip (workers/gpu/intake_budget.py): why the worker took what it
+    # took, for lining admission's forecasts up with the engine's queue.
+    "max_running",  # the seats the TPOT target allows
+    "room",  # queue entries it offered to take
+    "taken",  # queue entries it took
+    "seat_over",  # interactive requests held beyond the seats (negative: seats free)
+    "mean_output",  # the mean output of its last finished requests
+    "mean_uncached_prompt",  # ... and their mean uncached prompt
 )
 FLUSH_INTERVAL_S = 1.0
 
