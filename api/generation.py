@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -59,11 +60,14 @@ async def generate(
             # Bounded as a whole: the API's Redis client waits longer than the timeout for a
             # reply (its relay reads block), and a paused Redis must still get a prompt 503.
             async with asyncio.timeout(state.settings.redis_timeout_s):
+                started = time.time()
                 prediction = await state.shedder.admit(state.redis, queued)
+                shed = time.time()
                 headers = await reserve(state, principal, queued)
                 try:
                     lease = await state.leases.open(queued.request_id)
                     queued.leased = True
+                    reserved = time.time()
                     target = await enqueue(state.redis, state, queued, state.shedder.routes)
                 except APIError:
                     await release(state, queued)
@@ -89,6 +93,14 @@ async def generate(
             "prompt_tokens": len(queued.prompt_token_ids),
             "worker": target.worker_id,
             "matched_blocks": target.matched_blocks,
+            # Where its time before the queue went (ms): since tokenization (the request's
+            # enqueue stamp, from which its queue time counts), then the stages: admission's
+            # load read and forecast, the limits and lease, the enqueue. A total well over their
+            # sum is time the process's event loop spent elsewhere.
+            "admit_ms": round((time.time() - queued.enqueued_at) * 1000, 1),
+            "shed_ms": round((shed - started) * 1000, 1),
+            "reserve_ms": round((reserved - shed) * 1000, 1),
+            "enqueue_ms": round((time.time() - reserved) * 1000, 1),
         },
     )
     headers["x-request-id"] = queued.request_id
