@@ -317,10 +317,23 @@ def test_dense_prefill_ws_nan_buffers(monkeypatch, config, q_lens, ctx_lens):
     assert out[n:].isnan().all(), "padding tokens were written"
 
 
+# On an H200 the non-warp-specialized kernel with 16-key tiles gives NaN for the two rows whose
+# q.k overflows float32 (32- and 64-key tiles, the warp-specialized kernel and the interpreter
+# give the reference's -inf): the 16-wide dot's accumulation meets the infinity differently.
+# No real score comes near 3e38, and no shipped non-warp-specialized tile has 16 keys; strict,
+# so a Triton that changes it shows up here.
+SMALL_OVERFLOW = pytest.param(
+    SMALL,
+    marks=pytest.mark.xfail(
+        ON_GPU, reason="sm_90: an overflowing score in a 16-key tile is NaN", strict=True
+    ),
+)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy: overflow, log2(0)
 @pytest.mark.parametrize(
     "config",
-    [None, SMALL, SMALL_WS, SMALL_WS_HOST],
+    [None, SMALL_OVERFLOW, SMALL_WS, SMALL_WS_HOST],
     ids=lambda c: config_label(c) if c else "default",
 )
 def test_dense_prefill_row_without_visible_chunk_key(config):
