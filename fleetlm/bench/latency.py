@@ -46,6 +46,8 @@ class RequestRecord:
     request_id: str | None = None
     server_queue_s: float | None = None
     server_ttft_s: float | None = None
+    # ... and, from the admitted log line, its time before the queue by stage (ms; launcher.py)
+    server_admission_ms: dict[str, float] | None = None
     # What fleetlm's admission forecast for its first token (x-fleetlm-predicted-ttft)
     predicted_ttft_s: float | None = None
     retry_after: str | None = None  # the Retry-After header of a refusal, as sent
@@ -151,6 +153,7 @@ def slowest_first_tokens(done: list[RequestRecord], n: int = 8) -> list[dict]:
             "predicted_ttft_s": r.predicted_ttft_s,
             "server_queue_s": r.server_queue_s,
             "server_ttft_s": r.server_ttft_s,
+            "server_admission_ms": r.server_admission_ms,
         }
         for r in timed[:n]
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -15,6 +16,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+# key=value pairs of a text log line (service/logging_setup.py's TextFormatter)
+_LOG_FIELD = re.compile(r"(\w+)=(\S+)")
+ADMISSION_STAGES = ("admit_ms", "shed_ms", "reserve_ms", "enqueue_ms")
 
 
 def _free_port() -> int:
@@ -111,6 +116,25 @@ class LaunchedServer:
 
     def trace_files(self) -> list[Path]:
         return sorted(self.trace_dir.glob("steps-*.f64"))
+
+    def admission_timings(self, request_ids: list[str]) -> dict[str, dict[str, float]]:
+        """request id → where its time before the queue went (ms, api/generation.py's admitted
+        log line: admit_ms since its enqueue stamp, shed_ms, reserve_ms, enqueue_ms)."""
+        wanted = set(request_ids)
+        found: dict[str, dict[str, float]] = {}
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return found
+        for line in text.splitlines():
+            if "request admitted" not in line:
+                continue
+            fields = dict(_LOG_FIELD.findall(line))
+            if fields.get("request_id") in wanted and "admit_ms" in fields:
+                found[fields["request_id"]] = {
+                    k: float(fields[k]) for k in ADMISSION_STAGES if k in fields
+                }
+        return found
 
     def request_timings(self, request_ids: list[str], timeout_s: float = 20.0) -> dict:
         """request id → (queue_ms, ttft_ms) from the server's usage rows, waiting up to

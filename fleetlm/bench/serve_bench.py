@@ -56,6 +56,7 @@ class HttpBackend:
         trace_reader: Callable[[], list[dict]] | None = None,
         fleet: FleetStats | None = None,
         usage_reader: Callable[[list[str]], dict[str, tuple]] | None = None,
+        admission_reader: Callable[[list[str]], dict[str, dict]] | None = None,
         progress: bool = True,
     ) -> None:
         self.target = target
@@ -66,6 +67,7 @@ class HttpBackend:
         self.last_fleet: dict | None = None  # the last run's per-worker figures
         # request id → (queue_ms, ttft_ms) from the server's usage rows (a launched server)
         self.usage_reader = usage_reader
+        self.admission_reader = admission_reader  # the launched server's admitted log lines
         self.progress = progress
 
     def run(self, requests, label: str) -> RunResult:
@@ -92,6 +94,10 @@ class HttpBackend:
                 queue_ms, ttft_ms = timings.get(r.request_id, (None, None))
                 r.server_queue_s = queue_ms / 1000 if queue_ms is not None else None
                 r.server_ttft_s = ttft_ms / 1000 if ttft_ms is not None else None
+        if self.admission_reader is not None:
+            stages = self.admission_reader([r.request_id for r in records if r.request_id])
+            for r in records:
+                r.server_admission_ms = stages.get(r.request_id)
         return records, t0, steps
 
 
@@ -269,6 +275,9 @@ def one_line(run: dict) -> str:
 def _slow(w: dict) -> str:
     parts = (w["server_queue_s"], w["server_ttft_s"], w["predicted_ttft_s"])
     detail = " / ".join("-" if x is None else f"{x:.2f}" for x in parts)
+    admission = w.get("server_admission_ms")
+    if admission:  # its time before the queue: in the API since its enqueue stamp
+        detail += f", admitted after {admission['admit_ms'] / 1000:.2f}"
     return f"{w['ttft_s']:.2f} ({detail}, {w['prompt_tokens']} tok)"
 
 

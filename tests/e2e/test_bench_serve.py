@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from fleetlm.bench.launcher import ADMISSION_STAGES
 from tests.e2e.conftest import CLI, ROOT, service_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -88,6 +89,13 @@ def test_bench_serve_launch_sweep_and_compare(tmp_path):
         assert gap["p50"] > 0 and server["p50"] < every["ttft_short_prompts_s"]["p50"]
         # Admission's forecast of each first token, against the measured one.
         assert every["predicted_ttft_s"]["p50"] > 0 and every["ttft_over_predicted"]["p50"] > 0
+        # The slowest first tokens carry their time before the queue, from the admitted log
+        # line: each stage within the whole since the enqueue stamp.
+        for w in every["slowest_first_tokens"]:
+            stages = w["server_admission_ms"]
+            assert stages is not None and set(stages) == set(ADMISSION_STAGES), w
+            parts = stages["shed_ms"] + stages["reserve_ms"] + stages["enqueue_ms"]
+            assert 0 < parts <= stages["admit_ms"] + 0.3, stages  # (each rounded to 0.1 ms)
         assert worker["queries"] > 0 and 0 <= worker["prefix_hit_rate"] <= 1
     served_rates = {r["rate"] for r in result["served"]["runs"]}
     assert {row["rate"] for row in result["comparison"]["per_rate"]} <= served_rates
