@@ -25,7 +25,8 @@ from service.settings import DEFAULT_MODEL, Settings
 from tests.faults.conftest import completion_body, fault_server
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(420)
+# Alone, after the parallel part of make test: capacity is measured, then offered 3x.
+pytestmark = [pytest.mark.timeout(420), pytest.mark.serial]
 
 MODEL = "fleetlm-tiny-chat"
 MAX_TOKENS = 100

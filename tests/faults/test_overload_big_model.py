@@ -27,7 +27,8 @@ from tests.faults.test_overload import (
 )
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(420)
+# Alone, after the parallel part of make test: capacity is measured, then offered 3x.
+pytestmark = [pytest.mark.timeout(420), pytest.mark.serial]
 
 PROMPT_TOKENS, MAX_TOKENS = 300, 40  # 340 tokens: 22 blocks of 16
 NUM_KV_BLOCKS = 100  # four such requests, three with the 10 % headroom
