@@ -117,7 +117,6 @@ def attend_key_lanes(
     # k_cache[block, slot + lane, kv_head, d] of packed column (lane, d), past the row's slot
     k_col = lane_c * stride_kc_slot + offs_c % HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     lane_of_key = tl.arange(0, LANES)
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)  # running max per (lane, head)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
@@ -154,21 +153,11 @@ def attend_key_lanes(
         on_lane = lane_of_key[None, None, :] == lane_r[:, None, None]  # [ROWS, 1, LANES]
         p_keys = tl.reshape(tl.where(on_lane, p[:, :, None], 0.0), [ROWS, BLOCK_N])
         # v_cache[block_ids, slot_offs, kv_head, d] -> [BLOCK_N, HEAD_DIM], keys n0 ... in order
-        offs_tok = n0 + offs_n
-        tok_mask = offs_tok < end
-        v_blocks = tl.load(bt_row_ptr + offs_tok // BLOCK_SIZE, mask=tok_mask, other=0)
-        v_ptrs = (
-            v_cache_ptr
-            + v_blocks.to(tl.int64)[:, None] * stride_vc_block
-            + (offs_tok % BLOCK_SIZE)[:, None] * stride_vc_slot
-            + v_head_off
-            + offs_d[None, :]
-        )
-        v = tl.load(v_ptrs, mask=tok_mask[:, None], other=0.0)
-        if KV_FP8:
-            v = v.to(q.dtype)
-        if UPCAST_DOT:
-            v = v.to(tl.float32)
+        tok_mask, v_blocks, v_slots = key_slots(bt_row_ptr, n0 + offs_n, end, BLOCK_SIZE)
+        v = load_kv_tile(
+            v_cache_ptr, v_head_off, v_blocks, v_slots, tok_mask, stride_vc_block,
+            stride_vc_slot, q, HEAD_DIM, KV_FP8, UPCAST_DOT,
+        )  # fmt: skip
         pv = tl.dot(p_keys.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
