@@ -116,6 +116,21 @@ def test_waiting_work_is_priced_per_priority():
     )
 
 
+def test_waiting_work_prices_the_output_capped_by_each_requests_max_tokens():
+    # Finished outputs 8, 8, 8 and 200: the mean is 56, but a request capped at 64 tokens is
+    # expected to make (3 * 8 + 64) / 4 = 22 (the seat schedule's remaining output).
+    prices, eng = fitted_prices(), engine(max_num_seqs=1)
+    load = LoadReport()
+    for output in (8, 8, 8, 200):
+        load.on_finished(output, 16)
+    run(eng, 1)
+    capped = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    eng.add_request("chat", list(range(1, 101)), capped, "interactive")
+    budget = intake_budget(eng, prices, load, settings())
+    expected = 0.020 + 100 * 1e-4 + 22 * budget.decode_token_s
+    assert abs(budget.waiting_work_s["interactive"] - expected) < 0.05 * expected
+
+
 def test_prices_follow_a_machine_that_slows_down():
     prices = fitted_prices()
     before = prices.decode_step_s(8, 8 * 32)

@@ -192,8 +192,9 @@ def intake_budget(
             if prefill_token_s is None or decode_token_s is None:
                 continue
             to_prefill = r.num_tokens - r.num_computed_tokens
-            out_total = min(r.max_tokens, max(expected, r.num_output_tokens + 1))
-            to_decode = max(0, out_total - r.num_output_tokens)
+            # a preempted request has made some of its output: what is left, as the seat
+            # schedule prices it (workers/gpu/output_lengths.py)
+            to_decode = report.output_lengths.remaining(r.num_output_tokens, r.max_tokens)
             prefill = (
                 prices.prefill_s(to_prefill) if prices.fitted else to_prefill * prefill_token_s
             )
