@@ -29,10 +29,12 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 # Two processes for the most part (most tests wait on the servers they start, not on the CPU),
-# then the `serial` tests alone: they measure what the machine sustains (overload at 3x its
-# capacity) and must not share it with the rest.
+# each module on one of them, the slow directories first (tests/conftest.py), then the `serial`
+# tests alone: they measure what the machine sustains (overload at 3x its capacity) and must not
+# share it with the rest.
 test: $(STAMP) lint
-	TRITON_INTERPRET=1 $(BIN)/pytest -q -n 2 -m "not serial" --durations=20
+	TRITON_INTERPRET=1 $(BIN)/pytest -q -n 2 --dist loadscope --no-loadscope-reorder \
+		-m "not serial" --durations=20
 	TRITON_INTERPRET=1 $(BIN)/pytest -q -m serial --durations=5
 
 # Everything on this machine: embedded Redis + Postgres, the API and one worker per GPU.

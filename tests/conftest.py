@@ -51,7 +51,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"test files (servers' logs) kept in {path}")
 
 
+# make test runs in two processes (pytest-xdist, --dist loadscope: each module's tests on one
+# process, so a module's server starts once): the directories whose tests start servers or
+# processes go first, so the last modules to be handed out are short ones and neither process
+# idles long while the other finishes a slow one.
+SLOW_FIRST = ("faults", "e2e", "benchmarks", "docs", "models", "engine")
+
+
+def _slow_first(item: pytest.Item) -> int:
+    parts = Path(item.path).relative_to(Path(__file__).parent).parts
+    top = parts[0] if len(parts) > 1 else ""
+    return SLOW_FIRST.index(top) if top in SLOW_FIRST else len(SLOW_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_slow_first)  # stable: each module's own order is kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (run on the H200)")
