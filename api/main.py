@@ -13,6 +13,7 @@ from api.auth import KeyVerifier
 from api.client_leases import ClientLeases
 from api.drain import Drain
 from api.load_shedding import LoadShedder
+from api.loop_watch import LoopWatch
 from api.revoked_keys import RevokedKeys
 from api.routes import (
     admin,
@@ -84,9 +85,12 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
             leases=ClientLeases(redis, settings),
         )
         prepare_grammars(app.state.fleetlm.tokenizer)
+        watch = LoopWatch(settings.api_stall_s)
+        watch.start()
         try:
             yield
         finally:
+            await watch.aclose()
             await app.state.fleetlm.leases.aclose()
             await revoked.aclose()
             if app.state.fleetlm.mux is not None:

@@ -32,6 +32,7 @@ from api.auth import forbidden
 from api.deps import Credentials, State, authorization
 from api.errors import ErrorResponse
 from api.load_shedding import OVERLOAD_REFUSALS, PREDICTED_TTFT
+from api.loop_watch import LOOP_LAG, LOOP_STALLS
 from api.openapi import AUTHED, errors
 from api.relay import live_workers
 from service import streams as p
@@ -62,6 +63,8 @@ ROUTED = Counter(
 # Admission's own series (api/load_shedding.py defines them: this module imports the app state).
 REGISTRY.register(PREDICTED_TTFT)
 REGISTRY.register(OVERLOAD_REFUSALS)
+REGISTRY.register(LOOP_LAG)  # api/loop_watch.py
+REGISTRY.register(LOOP_STALLS)
 # With several API processes the gauges are summed (open requests) or maxed (draining) over the
 # live ones.
 OPEN_REQUESTS = Gauge(

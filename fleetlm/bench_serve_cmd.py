@@ -190,6 +190,7 @@ def _served_sweep(args, spec, rates, targets, result, on_run):
             trace_reader=reader, fleet=fleet,
             usage_reader=server.request_timings if server is not None else None,
             admission_reader=server.admission_timings if server is not None else None,
+            stall_reader=server.loop_stalls if server is not None else None,
         )  # fmt: skip
         print(f"served: {model} at {base_url}, {clients} client processes", flush=True)
         warm = _warm_up(backend, plan, rates[0], args.warmup_s)

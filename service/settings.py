@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # longest a new request's first event can wait for the read to include its stream.
     relay_mux_block_s: float = Field(0.005, gt=0)
     relay_mux: bool = True  # false: each relay blocks on its own stream (one XREAD per token)
+    # An API process's event loop that does not run for this long is stalled: counted, and
+    # logged at WARNING with where it was held (api/loop_watch.py). 0: no watching thread.
+    api_stall_s: float = Field(1.0, ge=0)
     api_key_cache_s: float = 10.0  # how long a verified API key is trusted without a DB read
     limit_lease_s: float = 3600.0  # a concurrency slot not released by then frees itself
     # Hostile-input bounds (docs/operations.md#limits). A request body over max_request_bytes is

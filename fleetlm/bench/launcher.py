@@ -136,6 +136,27 @@ class LaunchedServer:
                 }
         return found
 
+    def loop_stalls(self, since: float) -> dict:
+        """The API processes' event-loop stalls logged since `since` (time.time()): each line is
+        the worst stall of up to 5 s (api/loop_watch.py), with where the loop was held."""
+        lines = []
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            if "event loop stalled" not in line:
+                continue
+            try:  # the text formatter's asctime: local time, to the millisecond
+                at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+            except ValueError:
+                continue
+            fields = dict(_LOG_FIELD.findall(line))
+            if at + 1 >= since and "stalled_ms" in fields:
+                lines.append((float(fields["stalled_ms"]), fields.get("where", "?")))
+        worst = max(lines, default=(0.0, None))
+        return {"logged": len(lines), "worst_ms": worst[0], "worst_where": worst[1]}
+
     def request_timings(self, request_ids: list[str], timeout_s: float = 20.0) -> dict:
         """request id → (queue_ms, ttft_ms) from the server's usage rows, waiting up to
         timeout_s for the metering writer to have written them all (what is there by then)."""

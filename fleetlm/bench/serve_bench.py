@@ -57,6 +57,7 @@ class HttpBackend:
         fleet: FleetStats | None = None,
         usage_reader: Callable[[list[str]], dict[str, tuple]] | None = None,
         admission_reader: Callable[[list[str]], dict[str, dict]] | None = None,
+        stall_reader: Callable[[float], dict] | None = None,
         progress: bool = True,
     ) -> None:
         self.target = target
@@ -68,11 +69,14 @@ class HttpBackend:
         # request id → (queue_ms, ttft_ms) from the server's usage rows (a launched server)
         self.usage_reader = usage_reader
         self.admission_reader = admission_reader  # the launched server's admitted log lines
+        self.stall_reader = stall_reader  # its API processes' event-loop stalls since a time
+        self.last_stalls: dict | None = None
         self.progress = progress
 
     def run(self, requests, label: str) -> RunResult:
         before = self.fleet.read() if self.fleet is not None else None
         bar = ProgressBar(label, len(requests)) if self.progress else None
+        since = time.time()
         records, t0 = run_schedule(
             self.target, requests, num_processes=self.num_processes,
             drain_timeout_s=self.drain_timeout_s, progress=bar.update if bar else None,
@@ -98,6 +102,8 @@ class HttpBackend:
             stages = self.admission_reader([r.request_id for r in records if r.request_id])
             for r in records:
                 r.server_admission_ms = stages.get(r.request_id)
+        if self.stall_reader is not None:
+            self.last_stalls = self.stall_reader(since)
         return records, t0, steps
 
 
@@ -170,6 +176,9 @@ def run_rate(backend, plan: TrafficPlan, rate: float, targets: Targets) -> dict:
     workers = getattr(backend, "last_fleet", None)
     if workers is not None:
         run["fleet"] = workers
+    stalls = getattr(backend, "last_stalls", None)
+    if stalls is not None:
+        run["api_stalls"] = stalls
     if steps is not None:
         w0, w1 = report["window_s"]
         keep = (steps["start"] >= t0 + w0) & (steps["start"] < t0 + w1)
@@ -268,6 +277,12 @@ def one_line(run: dict) -> str:
         if worst:
             line += "\n    slowest interactive first tokens (TTFT: server queue / server TTFT / "
             line += "forecast, s): " + ", ".join(_slow(w) for w in worst)
+    stalls = run.get("api_stalls")
+    if stalls and stalls["logged"]:
+        line += (
+            f"\n    API event loop stalled ({stalls['logged']} logged): worst "
+            f"{stalls['worst_ms']:.0f} ms at {stalls['worst_where']}"
+        )
     fleet = fleet_line(run.get("fleet"))
     return f"{line}\n{fleet}" if fleet else line
 

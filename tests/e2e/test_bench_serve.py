@@ -97,6 +97,10 @@ def test_bench_serve_launch_sweep_and_compare(tmp_path):
             parts = stages["shed_ms"] + stages["reserve_ms"] + stages["enqueue_ms"]
             assert 0 < parts <= stages["admit_ms"] + 0.3, stages  # (each rounded to 0.1 ms)
         assert worker["queries"] > 0 and 0 <= worker["prefix_hit_rate"] <= 1
+        # The API's event-loop stalls during the run, from the server's log (none is required:
+        # whether a busy machine stalls it is not up to the test).
+        stalls = run_["api_stalls"]
+        assert stalls["logged"] >= 0 and (stalls["worst_where"] is None) == (stalls["logged"] == 0)
     served_rates = {r["rate"] for r in result["served"]["runs"]}
     assert {row["rate"] for row in result["comparison"]["per_rate"]} <= served_rates
     assert "goodput_ratio" in result["comparison"]
