@@ -62,7 +62,10 @@ def test_bench_serve_launch_sweep_and_compare(tmp_path):
     assert result["traffic"]["name"] == "seed" and result["duration_s"] == 4
     for backend in ("served", "engine"):
         sweep = result[backend]
-        assert [r["rate"] for r in sweep["runs"]][:2] == [1.0, 2.0]
+        rates = [r["rate"] for r in sweep["runs"]]  # in order of rate
+        # Both rates ran; one bisection round adds the midpoint below the lowest that missed
+        # the targets (2 req/s misses them on a busy machine: then 1.5 runs too).
+        assert {1.0, 2.0} <= set(rates) and set(rates) - {1.0, 2.0} <= {0.5, 1.5}, rates
         assert isinstance(sweep["goodput_rate"], float)
         assert sweep["goodput_rate"] in [0.0] + [r["rate"] for r in sweep["runs"]]
         for run_ in sweep["runs"]:
