@@ -9,7 +9,8 @@
 # - a thread that looks every TICK_S at when the task last ran: while the loop has not ticked
 #   for `stall_s` it is stalled, and the thread reads the loop thread's stack at that moment. A
 #   stall is counted (`fleetlm:api_event_loop_stalls`) and logged at WARNING with how long it
-#   lasted and where the loop was (at most one line per LOG_EVERY_S: the worst since the last).
+#   lasted, where the loop was, and how much of it was Python's garbage collector running in
+#   the loop's thread (at most one line per LOG_EVERY_S: the worst since the last).
 #
 # The thread needs the interpreter lock to look: a stall inside C code that holds it (a huge
 # json.dumps) is seen when it ends, with the stack of whatever the loop runs next. Python code
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 
 from prometheus_client import Counter, Histogram
 
@@ -31,6 +34,7 @@ log = logging.getLogger("fleetlm.api")
 TICK_S = 0.05
 LOG_EVERY_S = 5.0
 STACK_FRAMES = 6  # innermost frames logged as `where`
+GC_KEPT = 256  # collections remembered for attributing a stall's time
 
 LOOP_LAG = Histogram(
     "fleetlm:api_event_loop_lag_seconds",
@@ -55,20 +59,26 @@ class LoopWatch:
         self._thread: threading.Thread | None = None
         # the stall being watched: its start, and the stack seen deepest into it
         self._stall_where: str | None = None
-        self._worst: tuple[float, str] | None = None  # (seconds, where) not yet logged
+        self._worst: tuple[float, str, float] | None = None  # (seconds, where, gc) not logged
         self._logged_at = 0.0
+        # the loop thread's garbage collections: (ended at, seconds), the last GC_KEPT
+        self._collections: deque[tuple[float, float]] = deque(maxlen=GC_KEPT)
+        self._gc_started = 0.0
 
     def start(self) -> None:
         """From the event loop's own thread."""
         self._loop_thread = threading.get_ident()
         self.last_tick = time.monotonic()
         self._task = asyncio.get_running_loop().create_task(self._tick())
+        gc.callbacks.append(self._on_gc)
         if self.stall_s > 0:
             self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
             self._thread.start()
 
     async def aclose(self) -> None:
         self._stop.set()
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -84,6 +94,15 @@ class LoopWatch:
             LOOP_LAG.observe(max(0.0, now - due))
             self.last_tick = now
 
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if threading.get_ident() != self._loop_thread:
+            return
+        now = time.monotonic()
+        if phase == "start":
+            self._gc_started = now
+        else:
+            self._collections.append((now, now - self._gc_started))
+
     def _watch(self) -> None:
         stall_start: float | None = None
         while not self._stop.wait(TICK_S):
@@ -97,25 +116,30 @@ class LoopWatch:
                     self._stall_where = _where(frame)
                 continue
             if stall_start is not None:  # it ticked again: the stall ended at `last`
-                self._ended(last - stall_start)
+                self._ended(stall_start, last)
                 stall_start = None
             self._maybe_log(now)
 
-    def _ended(self, seconds: float) -> None:
+    def _ended(self, start: float, end: float) -> None:
         LOOP_STALLS.inc()
         where = self._stall_where or "?"
         self._stall_where = None
-        if self._worst is None or seconds > self._worst[0]:
-            self._worst = (seconds, where)
+        collected = sum(s for ended, s in list(self._collections) if start <= ended <= end)
+        if self._worst is None or end - start > self._worst[0]:
+            self._worst = (end - start, where, collected)
 
     def _maybe_log(self, now: float) -> None:
         if self._worst is None or now - self._logged_at < LOG_EVERY_S:
             return
-        seconds, where = self._worst
+        seconds, where, collected = self._worst
         self._worst, self._logged_at = None, now
         log.warning(
             "event loop stalled",
-            extra={"stalled_ms": round(seconds * 1000, 1), "where": where},
+            extra={
+                "stalled_ms": round(seconds * 1000, 1),
+                "gc_ms": round(collected * 1000, 1),
+                "where": where,
+            },
         )
 
 

@@ -1,6 +1,7 @@
 # The FastAPI app: assembles state, error handlers and routers; nothing else lives here.
 from __future__ import annotations
 
+import gc
 import math
 import time
 from contextlib import asynccontextmanager
@@ -85,6 +86,11 @@ def create_app(settings: Settings, redis_url: str, database_url: str) -> FastAPI
             leases=ClientLeases(redis, settings),
         )
         prepare_grammars(app.state.fleetlm.tokenizer)
+        # Built once and kept: the app and its schemas, the tokenizer, the grammar tables.
+        # Frozen, they are not scanned again by every full collection while streams are relayed
+        # (a collection runs in the event loop's thread and holds every stream meanwhile).
+        gc.collect()
+        gc.freeze()
         watch = LoopWatch(settings.api_stall_s)
         watch.start()
         try:

@@ -153,9 +153,15 @@ class LaunchedServer:
                 continue
             fields = dict(_LOG_FIELD.findall(line))
             if at + 1 >= since and "stalled_ms" in fields:
-                lines.append((float(fields["stalled_ms"]), fields.get("where", "?")))
-        worst = max(lines, default=(0.0, None))
-        return {"logged": len(lines), "worst_ms": worst[0], "worst_where": worst[1]}
+                gc_ms = float(fields.get("gc_ms", 0.0))
+                lines.append((float(fields["stalled_ms"]), gc_ms, fields.get("where", "?")))
+        worst = max(lines, default=(0.0, 0.0, None))
+        return {
+            "logged": len(lines),
+            "worst_ms": worst[0],
+            "worst_gc_ms": worst[1],  # the garbage collector's share of it
+            "worst_where": worst[2],
+        }
 
     def request_timings(self, request_ids: list[str], timeout_s: float = 20.0) -> dict:
         """request id → (queue_ms, ttft_ms) from the server's usage rows, waiting up to

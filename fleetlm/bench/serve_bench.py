@@ -281,7 +281,8 @@ def one_line(run: dict) -> str:
     if stalls and stalls["logged"]:
         line += (
             f"\n    API event loop stalled ({stalls['logged']} logged): worst "
-            f"{stalls['worst_ms']:.0f} ms at {stalls['worst_where']}"
+            f"{stalls['worst_ms']:.0f} ms ({stalls['worst_gc_ms']:.0f} ms collecting garbage) "
+            f"at {stalls['worst_where']}"
         )
     fleet = fleet_line(run.get("fleet"))
     return f"{line}\n{fleet}" if fleet else line

@@ -49,5 +49,6 @@ def test_loop_stalls_in_the_log_since_a_time(tmp_path):
     assert stalls["logged"] >= 1 and stalls["worst_ms"] >= 300
     assert stalls["worst_where"].startswith("test_launcher_logs.py:")
     assert "held_for_a_while" in stalls["worst_where"]
+    assert 0 <= stalls["worst_gc_ms"] <= stalls["worst_ms"]
     # A run that started after the stall does not count it.
     assert server.loop_stalls(time.time() + 5)["logged"] == 0
