@@ -117,6 +117,7 @@ class LLMEngine:
         self._compiling: dict[str, tuple[Future, Request]] = {}
         self._groups: dict[str, RequestGroup] = {}  # unfinished n > 1 requests by caller id
         self.last_schedule_s = 0.0
+        self.last_sync_s = 0.0  # of it, waiting for the GPU at a sync step
         self.step_trace: StepTrace | None = None  # enable_step_trace() turns recording on
         self.last_step_row = -1  # the trace row of the last step (the worker adds its times)
         self._in_flight = False  # between begin_step and finish_step
@@ -309,9 +310,11 @@ class LLMEngine:
         deltas, self._pending = self._pending, []
         step = StepInFlight(deltas=deltas, started_at=time.time(), t0=time.perf_counter())
         overlap = self.overlap
+        self.last_sync_s = 0.0
         if overlap is not None:
             if overlap.needs_sync():
                 deltas += overlap.sync()  # waits for the GPU: see overlap.py, sync steps
+                self.last_sync_s = time.perf_counter() - step.t0
             step.feeds_from = overlap.take_unsynced()
         spec = self.speculator
         drafting = spec is not None and spec.plan(self.scheduler.running)
@@ -416,7 +419,7 @@ class LLMEngine:
         # between begin_step and finish_step.
         row = self.step_trace.record(
             start=step.started_at, wall_s=step.host_s + (now - t_wait),
-            schedule_s=self.last_schedule_s, prepare_s=timing.prepare_s,
+            schedule_s=self.last_schedule_s, sync_s=self.last_sync_s, prepare_s=timing.prepare_s,
             forward_s=timing.forward_s, sample_s=timing.sample_s, wait_s=timing.wait_s,
             read_ahead_s=timing.read_ahead_s, masks_s=timing.masks_s,
             post_s=now - t_post, host_s=step.host_s, num_tokens=sum(out.num_new_tokens),

@@ -20,7 +20,8 @@ import numpy as np
 ENGINE_FIELDS = (
     "start",  # time.time() when the step began
     "wall_s",  # the engine's own time in the step: begin_step + finish_step
-    "schedule_s",  # scheduling (and drafting, when speculating)
+    "schedule_s",  # scheduling (and drafting, when speculating), sync_s included
+    "sync_s",  # of it: waiting for the GPU at an overlapped engine's sync step
     "prepare_s",  # batch packing + host-to-device copies
     "forward_s",  # launching the forward pass (graph replay or eager kernels)
     "read_ahead_s",  # constrained rows: waiting for the previous step's ids, feeding matchers

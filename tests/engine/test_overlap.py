@@ -128,6 +128,24 @@ def test_step_trace_marks_overlapped_steps():
     cols = trace.columns()
     assert cols["overlapped"].tolist() == [0.0] + [1.0] * (len(cols["overlapped"]) - 1)
     assert (cols["host_s"] > 0).all() and (cols["host_s"] <= cols["wall_s"]).all()
+    assert (cols["sync_s"] == 0).all()  # nothing made it wait for committed tokens
+
+
+def test_step_trace_times_the_sync_steps_wait_within_scheduling():
+    from engine import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", overlap_scheduling=True))
+    trace = engine.enable_step_trace()
+    # A penalty counts the request's last token: every step after the first syncs first.
+    params = SamplingParams(max_tokens=8, ignore_eos=True, presence_penalty=0.5)
+    engine.add_request("a", list(range(3, 20)), params)
+    while engine.has_unfinished():
+        engine.step()
+    cols = trace.columns()
+    synced = cols["sync_s"][1:]
+    assert cols["sync_s"][0] == 0 and (synced > 0).all()
+    assert (cols["sync_s"] <= cols["schedule_s"]).all()
+    assert 0 < len(synced) <= engine.overlap.num_synced  # (the last commit syncs outside a step)
 
 
 @pytest.mark.parametrize(
