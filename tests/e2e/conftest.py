@@ -2,8 +2,10 @@
 # helpers to start extra `fleetlm worker` processes against it.
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,6 +45,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(n: int, avoid: tuple[int, ...] = ()) -> int:
+    """A port p with p .. p + n - 1 all free now and none of them in `avoid`. `fleetlm serve`
+    gives worker i the port FLEETLM_WORKER_METRICS_PORT + i, and a worker that cannot bind its
+    port exits at every restart. A free ephemeral port's neighbour may at any moment become an
+    outgoing connection's local port (a Redis client's, for as long as it lives): so these come
+    from below the kernel's ephemeral range, where no connection is given one."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, max(10001, low - n))
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                if port in avoid:
+                    raise OSError("avoided")
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def service_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:

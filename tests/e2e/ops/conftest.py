@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import free_port, start_server
+from tests.e2e.conftest import free_port, free_ports, start_server
 
 
 @pytest.fixture(scope="package")
 def fleet(tmp_path_factory):
-    worker_port, metrics_port = free_port(), free_port()
+    metrics_port = free_port()
+    worker_port = free_ports(2, avoid=(metrics_port,))  # workers 0 and 1 listen on these two
     srv = start_server(
         tmp_path_factory.mktemp("ops") / "data",
         workers=2,
