@@ -57,7 +57,7 @@ class LoopWatch:
         self._task: asyncio.Task | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # the stall being watched: its start, and the stack seen deepest into it
+        # the loop thread's stack, last sampled during the stall being watched
         self._stall_where: str | None = None
         self._worst: tuple[float, str, float] | None = None  # (seconds, where, gc) not logged
         self._logged_at = 0.0
@@ -70,8 +70,8 @@ class LoopWatch:
         self._loop_thread = threading.get_ident()
         self.last_tick = time.monotonic()
         self._task = asyncio.get_running_loop().create_task(self._tick())
-        gc.callbacks.append(self._on_gc)
-        if self.stall_s > 0:
+        if self.stall_s > 0:  # (the collections are only read to attribute a stall)
+            gc.callbacks.append(self._on_gc)
             self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
             self._thread.start()
 

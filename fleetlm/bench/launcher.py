@@ -117,19 +117,20 @@ class LaunchedServer:
     def trace_files(self) -> list[Path]:
         return sorted(self.trace_dir.glob("steps-*.f64"))
 
+    def _logged(self, message: str) -> list[tuple[str, dict[str, str]]]:
+        """The serve log's lines carrying `message`, each with its key=value fields."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        return [(ln, dict(_LOG_FIELD.findall(ln))) for ln in text.splitlines() if message in ln]
+
     def admission_timings(self, request_ids: list[str]) -> dict[str, dict[str, float]]:
         """request id → where its time before the queue went (ms, api/generation.py's admitted
         log line: admit_ms since its enqueue stamp, shed_ms, reserve_ms, enqueue_ms)."""
         wanted = set(request_ids)
         found: dict[str, dict[str, float]] = {}
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return found
-        for line in text.splitlines():
-            if "request admitted" not in line:
-                continue
-            fields = dict(_LOG_FIELD.findall(line))
+        for _, fields in self._logged("request admitted"):
             if fields.get("request_id") in wanted and "admit_ms" in fields:
                 found[fields["request_id"]] = {
                     k: float(fields[k]) for k in ADMISSION_STAGES if k in fields
@@ -140,18 +141,11 @@ class LaunchedServer:
         """The API processes' event-loop stalls logged since `since` (time.time()): each line is
         the worst stall of up to 5 s (api/loop_watch.py), with where the loop was held."""
         lines = []
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            text = ""
-        for line in text.splitlines():
-            if "event loop stalled" not in line:
-                continue
+        for line, fields in self._logged("event loop stalled"):
             try:  # the text formatter's asctime: local time, to the millisecond
                 at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
             except ValueError:
                 continue
-            fields = dict(_LOG_FIELD.findall(line))
             if at + 1 >= since and "stalled_ms" in fields:
                 gc_ms = float(fields.get("gc_ms", 0.0))
                 lines.append((float(fields["stalled_ms"]), gc_ms, fields.get("where", "?")))
