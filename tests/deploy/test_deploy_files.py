@@ -46,7 +46,9 @@ def test_compose_services_and_commands():
             assert_fleetlm_command(cmd)
             used.add(cmd[1])
     assert used == EXPECTED
-    assert services["redis"]["command"][:3] == ["redis-server", "--appendonly", "yes"]
+    assert services["redis"]["command"] == [
+        "redis-server", "--appendonly", "yes", "--appendfsync", "always"
+    ]  # fmt: skip
     assert services["postgres"]["image"] == "postgres:16"
     assert services["redis"]["image"].startswith("redis:7")
     for name in ("postgres", "redis"):

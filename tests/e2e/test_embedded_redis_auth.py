@@ -30,6 +30,10 @@ def test_the_embedded_redis_needs_the_generated_password(server):
         anonymous.xadd("fleetlm:q:interactive", {"r": "{}"})
     assert server.redis.ping()  # with the password
 
+    # Acknowledged writes are on disk before the reply (everysec may reply before it wrote).
+    assert server.redis.config_get("appendfsync") == {"appendfsync": "always"}
+    assert server.redis.config_get("appendonly") == {"appendonly": "yes"}
+
     redis_pid = int(server.redis.info("server")["process_id"])
     assert password not in " ".join(psutil.Process(redis_pid).cmdline())
     # Everything serve started reaches Redis with it: a request goes through end to end.
