@@ -76,6 +76,12 @@ class Scheduler:
         self.prefill_policy = prefill_policy
         self.order = prefill_order or PrefillOrder(max_num_batched_tokens, max_num_seqs)
         self.last_features: StepFeatures | None = None
+        # KV blocks a batch request must leave free when it is admitted beside running work:
+        # what the worker forecasts interactive arrivals will need (workers/gpu/intake_budget.py).
+        # Without it a batch request preempted for an interactive one was re-admitted as soon as
+        # any request ended, and the next interactive arrival took it back: one flex request of
+        # a worker offered 3x its rate was preempted 11 times. 0 (a bare engine): no reserve.
+        self.batch_kv_reserve = 0
 
     # -- queue management ----------------------------------------------------------------
 
@@ -263,6 +269,13 @@ class Scheduler:
                     continue  # its source's prompt is not computed yet: it will be
             else:
                 hits = bm.find_cached_prefix(request)
+            if priority is Priority.BATCH and self.running and self.batch_kv_reserve:
+                # (a cached prefix costs free blocks too unless running requests hold it: a
+                # preempted request's own blocks are cached, and free)
+                held = sum(bm.blocks[b].ref_count > 0 for b in hits)
+                needs = bm.num_blocks_for(request.num_tokens + 1) - held
+                if bm.num_free_blocks - needs < self.batch_kv_reserve:
+                    continue  # it waits for the room, behind nothing of a higher class
             num_computed = len(hits) * bm.block_size
             others = len(self.running) + self.num_waiting - 1
             chunk = min(prefill_left, self.order.chunk_cap(request, others))

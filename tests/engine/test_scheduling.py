@@ -3,6 +3,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
+from engine.core.scheduler import SchedulerOutput
 
 LONG = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
 
@@ -53,6 +54,39 @@ def test_arriving_interactive_preempts_running_batch():
     done = _drain(engine)
     assert {d.finish_reason for d in done.values()} == {"length"}
     assert engine.stats().num_free_blocks == 8
+
+
+def test_a_batch_request_is_admitted_beside_running_work_only_with_the_reserve_free():
+    # 16 blocks of 16 tokens. A chat holds 4 (60 tokens); a batch request of 60 tokens needs 4 of
+    # the 12 free. The worker's reserve for interactive arrivals is 9 blocks: it waits.
+    engine = _engine(num_kv_blocks=16)
+    engine.scheduler.batch_kv_reserve = 9
+    engine.add_request("chat", list(range(60)), LONG, "interactive")
+    engine.step()
+    engine.add_request("batch", list(range(100, 160)), LONG, "batch")
+    engine.step()
+    assert _running_ids(engine) == {"chat"}
+    engine.scheduler.batch_kv_reserve = 8  # 12 free - 4 needed leaves 8: it starts
+    engine.step()
+    assert _running_ids(engine) == {"chat", "batch"}
+    # Preempted, its blocks stay cached but free: re-admitting it costs them all the same.
+    sched = engine.scheduler
+    sched._preempt(sched.requests["batch"], SchedulerOutput())
+    free = engine.stats().num_free_blocks
+    needs = sched.block_manager.num_blocks_for(sched.requests["batch"].num_tokens + 1)
+    sched.batch_kv_reserve = free - needs + 1
+    engine.step()
+    assert _running_ids(engine) == {"chat"}
+    sched.batch_kv_reserve = free - needs
+    engine.step()
+    assert _running_ids(engine) == {"chat", "batch"}
+    # An engine with nothing running takes a batch request whatever the reserve.
+    idle = _engine(num_kv_blocks=16)
+    idle.scheduler.batch_kv_reserve = 16
+    idle.add_request("batch", list(range(60)), LONG, "batch")
+    idle.step()
+    assert _running_ids(idle) == {"batch"}
+    assert {d.finish_reason for d in _drain(engine).values()} == {"length"}
 
 
 def _collect(engine: LLMEngine, tokens: dict) -> dict:

@@ -4,8 +4,10 @@
 # only a few of them at once. Offered 3× what it sustains, 30 % of it flex: admission, not
 # preemption, holds the line. The worker takes only what its KV headroom lets it start, the rest
 # waits in Redis where admission counts it and refuses (503 with Retry-After, reason `kv`) what
-# cannot start in time; nothing is preempted, nothing fails, and the admitted interactive
-# requests get their first token within the limit whatever the flex traffic does. Each admitted
+# cannot start in time. Flex starts only with the KV that interactive arrivals are forecast to
+# need left free, so it waits while interactive demand holds the worker and is rarely
+# preempted; nothing fails, and the admitted interactive requests get their first token within
+# the limit whatever the flex traffic does. Each admitted
 # request carries admission's forecast of its first token (x-fleetlm-predicted-ttft), which is
 # held against what it measured.
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tests.faults.test_overload import (
     check_refusals_and_ends,
     closed_loop,
     open_loop,
+    steady_rate,
 )
 from tests.waiting import wait_until
 
@@ -72,11 +75,7 @@ def test_a_big_models_kv_pool_is_held_by_admission_not_preemption(tmp_path_facto
         wait_until(idle, 60, "the worker's step prices and an idle worker", 0.2)
         capacity = closed_loop(srv, 8, CAPACITY_S, long_body)
         served = [o for o in capacity if o.finish_reason == "length"]
-        # Completions over the window, those in flight at its end included: about 1.2x the
-        # loop's steady rate, so "3x" offers about 3.6x what it sustains. (At 3x its steady rate
-        # more flex requests are admitted into KV an interactive arrival then takes back, and
-        # some were preempted twice.)
-        rate = len(served) / CAPACITY_S
+        rate = steady_rate(capacity, CAPACITY_S)
         wait_until(idle, 60, "the worker to be idle", 0.2)
         preempted_before = series(srv, "vllm:num_preemptions_total") or 0.0
         monitor = WorkerMonitor(srv)
@@ -104,19 +103,24 @@ def test_a_big_models_kv_pool_is_held_by_admission_not_preemption(tmp_path_facto
     forecast = sorted((o.predicted_ttft_s, o.first_token_s) for o in admitted if not o.flex)
     ratios = sorted(measured / max(predicted, 0.1) for predicted, measured in forecast)
     kv_max = max(s["kv_cache_usage"] for s in samples)
+    flex_first = sorted(round(o.first_token_s, 1) for o in admitted if o.flex)
     print(
         f"big model: capacity {rate:.2f} req/s (median {median:.1f} s); at 3x: {len(refused)} "
         f"of {len(overload)} refused ({kv_refusals:.0f} interactive for kv), {len(admitted)} "
         f"admitted ({len(flex_ids)} flex), interactive first token max {interactive[-1]:.1f} s; "
         f"running max {running}, kv usage max {kv_max:.2f}, preemptions {preempted:.0f}; "
         f"measured / predicted first token: median {statistics.median(ratios):.2f}, max "
-        f"{ratios[-1]:.2f}; predicted, measured: {[(p, round(m, 2)) for p, m in forecast]}"
+        f"{ratios[-1]:.2f}; flex first tokens {flex_first}; "
+        f"predicted, measured: {[(p, round(m, 2)) for p, m in forecast]}"
     )
     # Refusals with Retry-After; everything admitted completes: nothing fails for lack of KV.
     check_refusals_and_ends(capacity, overload, rows)
-    # Flex requests yield to interactive ones, rarely by preemption; interactive ones never.
+    # Flex requests yield to interactive ones, rarely by preemption; interactive ones never. (A
+    # flex request is started, or re-admitted after a preemption, only with the KV interactive
+    # arrivals are forecast to need left free: before that, one was preempted 11 times.)
     assert all(r.preemptions == 0 for r in rows if r.request_id not in flex_ids)
-    assert preempted <= len(flex_ids)
+    assert preempted <= max(2, len(flex_ids) // 3)
+    assert all(r.preemptions <= 2 for r in rows)
     # Interactive requests got their first token in time, flex traffic notwithstanding.
     assert interactive and interactive[-1] <= FIRST_TOKEN_LIMIT_S
     # What admission forecast (x-fleetlm-predicted-ttft: the prefill ahead in chunks, each turn

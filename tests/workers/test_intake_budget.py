@@ -10,8 +10,8 @@ from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.core.step_cost import StepFeatures, chunk_pairs
 from service.settings import Settings
-from workers.gpu.intake_budget import intake_budget
-from workers.gpu.load_report import FINISHED_WINDOW, SHARE_TAU_S, LoadReport
+from workers.gpu.intake_budget import batch_spare, intake_budget
+from workers.gpu.load_report import FINISHED_WINDOW, RECENT_TAU_S, SHARE_TAU_S, LoadReport
 from workers.gpu.step_prices import StepPrices
 
 # A synthetic machine: 10 ms fixed per turn, 20 ms more with a prompt chunk, 5 ms per decode
@@ -73,6 +73,25 @@ def test_the_running_set_stops_at_what_the_tpot_target_allows():
     # A looser target lets the engine take more; the worker's waiting room still caps a turn.
     loose = intake_budget(eng, prices, report(), settings(tpot_target_s=0.2, worker_max_waiting=4))
     assert loose.room == 4 and loose.limited_by == "waiting"
+
+
+def test_batch_work_leaves_the_seats_interactive_work_holds_on_average():
+    # 5 seats; interactive work has held 4 of them lately (Little's law: its arrivals keep about
+    # that many busy) and holds 1 now: 3 are kept for it, and batch work may take 1 of the 4 free.
+    prices, eng = fitted_prices(), engine()
+    load = report()
+    load.on_seats(4, 5, 0.0)
+    run(eng, 1)
+    budget = intake_budget(eng, prices, load, settings(tpot_target_s=0.04))
+    assert (budget.seats, budget.interactive_demand) == (5, 1)
+    assert budget.room == budget.interactive_room == 4 and budget.batch_room == 1
+    # Interactive demand at the worker's capacity: no batch work starts (it waits in Redis).
+    load.on_seats(5, 5, 1000.0)
+    budget = intake_budget(eng, prices, load, settings(tpot_target_s=0.04))
+    assert budget.room == 4 and budget.batch_room <= 0
+    # At its mean or above, one seat is still kept for the next arrival.
+    assert batch_spare(0.8, 5, 4) == batch_spare(0.8, 5, 5) == batch_spare(0.0, 5, 0) == 1
+    assert batch_spare(0.5, 256, 100) == 28
 
 
 def test_kv_headroom_holds_back_what_would_need_preemption():
@@ -248,6 +267,9 @@ def test_interactive_demand_is_reported_as_a_share_of_the_seats_averaged_over_ti
     report.on_seats(interactive=90, seats=60, now=100.05 + 3 * SHARE_TAU_S)
     assert report.interactive_share > 0.97  # (more waiting than seats counts as all of them)
     assert report.fields()["interactive_share"] == f"{report.interactive_share:.4f}"
+    # The recent share (batch intake's spare seats) follows within seconds, not tens of them.
+    report.on_seats(interactive=0, seats=60, now=100.05 + 3 * SHARE_TAU_S + 2 * RECENT_TAU_S)
+    assert report.recent_interactive_share < 0.15 < 0.5 < report.interactive_share
 
 
 def test_the_budget_counts_interactive_demand_and_the_seats_it_is_a_share_of():

@@ -21,8 +21,16 @@
 # worker_max_held (0 by default) lets it hold that many more in its waiting queue, ready for
 # the next free seat. An idle engine always takes one (one that does not fit the whole pool
 # fails explicitly).
-# Batch work is taken with one seat's and one mean request's KV to spare for an interactive
-# arrival, which would otherwise preempt it: flex yields to interactive, but rarely by preemption.
+# Batch work is taken only with room to spare for the interactive work expected to arrive while
+# it runs, which would otherwise preempt it: flex yields to interactive, but rarely by
+# preemption. By Little's law interactive work holds its share of the seats the worker sustains
+# on average (recent_interactive_share, over ~2 s: workers/gpu/load_report.py), so the spare is
+# that mean less what it holds now, and at least one seat and one mean request's KV for the next
+# arrival. The engine keeps the
+# same spare KV free when it admits a batch request, a preempted one included
+# (Scheduler.batch_kv_reserve). With interactive demand at the worker's capacity no flex starts:
+# it waits in Redis, where admission forecasts its wait from the same share
+# (api/load_shedding.py).
 # The same pass prices the engine's waiting queue per priority (prefill of what is not computed
 # plus the expected output still to come), which the worker publishes for admission.
 from __future__ import annotations
@@ -58,6 +66,9 @@ class IntakeBudget:
     max_running: int  # the running set the TPOT target allows
     seats: int  # ... and the KV pool holds (mean requests): the running set it sustains
     interactive_demand: int  # interactive requests running or waiting in the engine
+    # KV blocks the engine keeps free when it admits a batch request beside running work (the
+    # spare seats' mean requests): Scheduler.batch_kv_reserve
+    batch_kv_reserve: int = 0
     prefill_token_s: float | None = None  # a prompt token of the mean prompt (None: unpriced)
     decode_token_s: float | None = None  # an output token, at max_running rows
     decode_step_s: float | None = None  # the running set's predicted decode turn
@@ -179,7 +190,10 @@ def intake_budget(
     )
     limited_by = min(every, key=every.__getitem__)
     room, interactive_room = max(0, every[limited_by]), max(0, min(interactive.values()))
-    batch_room = room - 1
+    seats = max(1, min(max_running, kv_rows))
+    interactive_demand = interactive_running + interactive_waiting
+    spare = batch_spare(report.recent_interactive_share, seats, interactive_demand)
+    batch_room = room - spare
     if num_running == num_waiting == 0 and every["waiting"] > 0:
         room = interactive_room = batch_room = max(room, 1)
 
@@ -212,8 +226,9 @@ def intake_budget(
         batch_room=batch_room,
         limited_by=limited_by,
         max_running=max_running,
-        seats=max(1, min(max_running, kv_rows)),
-        interactive_demand=interactive_running + interactive_waiting,
+        seats=seats,
+        interactive_demand=interactive_demand,
+        batch_kv_reserve=spare * per_request,
         prefill_token_s=prefill_token_s,
         decode_token_s=decode_token_s,
         decode_step_s=decode_step_s,
@@ -222,6 +237,12 @@ def intake_budget(
         seats_free=seats_free,
         **prefill,
     )
+
+
+def batch_spare(interactive_share: float, seats: int, interactive_demand: int) -> int:
+    """Seats (and mean requests' KV) batch intake leaves free for interactive arrivals: what
+    interactive work holds on average less what it holds now, at least one."""
+    return max(1, math.ceil(interactive_share * seats - 1e-9) - interactive_demand)
 
 
 def _prefill_outlook(engine: LLMEngine, prices: StepPrices) -> dict:

@@ -37,6 +37,10 @@ FINISHED_WINDOW = 256
 # work ahead let the 8B on an H200 admit flex for a 30 s bound while interactive arrivals took
 # every seat, and flex first tokens came after 53-89 s.
 SHARE_TAU_S = 10.0
+# The same share over about RECENT_TAU_S, for the seats batch intake leaves free for interactive
+# arrivals (workers/gpu/intake_budget.py): the 10 s one kept a worker running flex one or two at
+# a time for ten seconds after an interactive burst had ended.
+RECENT_TAU_S = 2.0
 
 
 class LoadReport:
@@ -52,6 +56,7 @@ class LoadReport:
         # the finished outputs' distribution, for a running request's remaining output
         self.output_lengths = OutputLengths(DEFAULT_OUTPUT_TOKENS)
         self.interactive_share = 0.0
+        self.recent_interactive_share = 0.0
         self._share_at: float | None = None
 
     def on_step(self, num_tokens: int, busy_s: float) -> None:
@@ -78,10 +83,13 @@ class LoadReport:
         """`interactive` requests running or waiting in the engine, `seats` it sustains."""
         sample = min(1.0, interactive / max(1, seats))
         if self._share_at is None:
-            self.interactive_share = sample
+            self.interactive_share = self.recent_interactive_share = sample
         else:
-            weight = 1.0 - math.exp(-max(0.0, now - self._share_at) / SHARE_TAU_S)
+            elapsed = max(0.0, now - self._share_at)
+            weight = 1.0 - math.exp(-elapsed / SHARE_TAU_S)
             self.interactive_share += weight * (sample - self.interactive_share)
+            weight = 1.0 - math.exp(-elapsed / RECENT_TAU_S)
+            self.recent_interactive_share += weight * (sample - self.recent_interactive_share)
         self._share_at = now
 
     def fields(self) -> dict[str, str]:

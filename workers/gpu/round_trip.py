@@ -179,6 +179,7 @@ class RoundTrip:
             exchange.leased = self.leases.read(pipe, ids)
         stats = self.engine.stats()
         self.budget = budget = intake_budget(self.engine, self.prices, self.load, self.settings)
+        self.engine.scheduler.batch_kv_reserve = budget.batch_kv_reserve
         self.load.on_seats(budget.interactive_demand, budget.seats, time.monotonic())
         self.metrics.on_budget(budget)
         mapping = self._stats_mapping(stats) | self._routed_inflight(exchange.written)
