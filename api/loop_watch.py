@@ -7,10 +7,11 @@
 # - a task that asks to wake every TICK_S and records how late it woke (the loop's lag) in
 #   `fleetlm:api_event_loop_lag_seconds`;
 # - a thread that looks every TICK_S at when the task last ran: while the loop has not ticked
-#   for `stall_s` it is stalled, and the thread reads the loop thread's stack at that moment. A
+#   for `stall_s` it is stalled, and the thread reads the loop thread's stack each time. A
 #   stall is counted (`fleetlm:api_event_loop_stalls`) and logged at WARNING with how long it
-#   lasted, where the loop was, and how much of it was Python's garbage collector running in
-#   the loop's thread (at most one line per LOG_EVERY_S: the worst since the last).
+#   lasted, where the loop was (the stack most of those reads saw), and how much of it was
+#   Python's garbage collector running in the loop's thread (at most one line per LOG_EVERY_S:
+#   the worst since the last).
 #
 # The thread needs the interpreter lock to look: a stall inside C code that holds it (a huge
 # json.dumps) is seen when it ends, with the stack of whatever the loop runs next. Python code
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import logging
@@ -57,8 +59,8 @@ class LoopWatch:
         self._task: asyncio.Task | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # the loop thread's stack, last sampled during the stall being watched
-        self._stall_where: str | None = None
+        # the loop thread's stacks sampled during the stall being watched
+        self._stall_wheres: list[str] = []
         self._worst: tuple[float, str, float] | None = None  # (seconds, where, gc) not logged
         self._logged_at = 0.0
         # the loop thread's garbage collections: (ended at, seconds), the last GC_KEPT
@@ -111,9 +113,10 @@ class LoopWatch:
             if now - last >= self.stall_s:
                 if stall_start != last:  # a new stall
                     stall_start = last
+                    self._stall_wheres = []
                 frame = sys._current_frames().get(self._loop_thread)
                 if frame is not None:
-                    self._stall_where = _where(frame)
+                    self._stall_wheres.append(_where(frame))
                 continue
             if stall_start is not None:  # it ticked again: the stall ended at `last`
                 self._ended(stall_start, last)
@@ -122,8 +125,11 @@ class LoopWatch:
 
     def _ended(self, start: float, end: float) -> None:
         LOOP_STALLS.inc()
-        where = self._stall_where or "?"
-        self._stall_where = None
+        # Where it was held most of the samples: the last one alone may come after the holder
+        # returned, when a busy machine ran this thread late (the loop not ticked yet).
+        wheres = collections.Counter(self._stall_wheres)
+        where = wheres.most_common(1)[0][0] if wheres else "?"  # (ties: the first seen)
+        self._stall_wheres = []
         collected = sum(s for ended, s in list(self._collections) if start <= ended <= end)
         if self._worst is None or end - start > self._worst[0]:
             self._worst = (end - start, where, collected)

@@ -92,3 +92,15 @@ def test_a_quiet_loop_logs_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="fleetlm.api"):
         asyncio.run(main())
     assert "event loop stalled" not in caplog.text
+
+
+def test_a_stall_is_placed_where_most_samples_saw_the_loop():
+    # The watcher's last look may come after the holder returned (a busy machine runs the
+    # thread late, before the loop ticks): the stall is placed where most looks found it.
+    watch = LoopWatch(stall_s=0.2)
+    watch._stall_wheres = ["x.py:1:handler", "x.py:1:handler", "x.py:2:handler", "base.py:9:run"]
+    watch._ended(10.0, 10.6)
+    assert watch._worst is not None and watch._worst[1] == "x.py:1:handler"
+    assert watch._stall_wheres == []
+    watch._ended(20.0, 21.0)  # a stall seen by no look: "?"
+    assert watch._worst[1] == "?"
