@@ -8,7 +8,8 @@
 # (workers/gpu/step_prices.py, fit on the model actually loaded): a prompt token and an output token
 # (at the running set the TPOT target allows) cost different amounts of a worker's time. Work
 # the fleet can start at once (each worker's `startable`: the seats and KV it has free at the TPOT
-# target, workers/gpu/intake_budget.py) waits for nothing; the rest waits for the running requests
+# target, workers/gpu/intake_budget.py; for flex the room it takes flex in, less the spare it keeps
+# for interactive arrivals) waits for nothing; the rest waits for the running requests
 # to make room, at the pace the fleet works (one second of work per second per worker):
 #
 #   wait  = max(0, work ahead + k × the mean request's work - startable × the mean request's
@@ -341,7 +342,7 @@ async def read_load(redis: Redis) -> Load:
 STATS_FIELDS = [
     "tokens_per_s", "mean_output_tokens", "mean_prompt_tokens", "mean_uncached_prompt_tokens",
     "prefill_token_s",
-    "decode_token_s", "startable", "startable_interactive", "limited_by",
+    "decode_token_s", "startable", "startable_interactive", "startable_batch", "limited_by",
     *(f"waiting_work_s_{prio}" for prio in p.PRIORITIES),
     "decode_step_s", "prefill_step_s", "prefill_chunk_tokens", "prefill_tok_s", "prefill_pair_s",
     *(f"prefill_ahead_tokens_{prio}" for prio in p.PRIORITIES),
@@ -360,7 +361,10 @@ def _worker_load(stats: dict) -> WorkerLoad:
         decode_token_s=number("decode_token_s"),
         startable={
             "interactive": int(number("startable_interactive")),
-            "batch": int(number("startable")),
+            # (a worker that does not publish its batch room: its whole room)
+            "batch": int(
+                number("startable_batch" if stats.get("startable_batch") else "startable")
+            ),
         },
         waiting_work_s={prio: number(f"waiting_work_s_{prio}") for prio in p.PRIORITIES},
         limited_by=stats.get("limited_by") or "waiting",

@@ -90,9 +90,17 @@ MEAN_WORK_S = 100 * 0.001 + 100 * 0.01
 def priced(rds, worker):
     """Publishes the played worker's prices, what it may start and what waits in its engine."""
 
-    def publish(*, startable: int, interactive_s: float, batch_s: float = 0.0, kv: bool = False):
+    def publish(
+        *,
+        startable: int,
+        interactive_s: float,
+        batch_s: float = 0.0,
+        kv: bool = False,
+        startable_batch: int | None = None,
+    ):
         rds.hset(p.stats_key(worker.id), mapping=PRICES | {
             "startable": startable, "startable_interactive": startable,
+            "startable_batch": startable if startable_batch is None else startable_batch,
             "limited_by": "kv" if kv else "seats",
             "waiting_work_s_interactive": interactive_s, "waiting_work_s_batch": batch_s,
         })  # fmt: skip
@@ -135,6 +143,16 @@ def test_flex_work_in_the_engine_never_holds_interactive_back(app_client, tenant
         taken = worker.take(tenant)
         worker.publish(taken.request_id, worker.done("ok", 10, 4))
         assert interactive.result(timeout=30).status_code == 200
+
+
+def test_flex_is_forecast_with_the_room_the_worker_takes_flex_in(app_client, tenant, priced):
+    # The worker may start 10 mean requests (11 s of work), but keeps them for interactive
+    # arrivals: none for flex. 35 s of flex work waits in the engine, so a flex request waits
+    # 35 s + its own 1.1 s, past its 30 s bound (counted with the room of 10 it would be 25 s).
+    priced(startable=10, interactive_s=0.0, batch_s=35.0, startable_batch=0)
+    flex = post(app_client, tenant, service_tier="flex")
+    assert flex.status_code == 503 and flex.json()["error"]["code"] == "overloaded"
+    assert int(flex.headers["retry-after"]) >= 35 + MEAN_WORK_S - SETTINGS.batch_max_queue_wait_s
 
 
 def test_what_the_fleet_can_start_at_once_waits_for_nothing(app_client, tenant, worker, priced):

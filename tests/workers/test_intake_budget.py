@@ -94,6 +94,26 @@ def test_batch_work_leaves_the_seats_interactive_work_holds_on_average():
     assert batch_spare(0.5, 256, 100) == 28
 
 
+def test_batch_room_needs_free_kv_and_a_short_waiting_queue_and_is_published():
+    prices, eng = fitted_prices(), engine(max_num_seqs=2)
+    run(eng, 1)
+    eng.add_request("w1", list(range(1, 17)), GREEDY)
+    eng.add_request("w2", list(range(1, 17)), GREEDY)  # one running, two waiting
+    loose = settings(tpot_target_s=1.0, worker_max_waiting=8)
+    budget = intake_budget(eng, prices, report(), loose)
+    assert budget.batch_room == budget.room - 1 > 0
+    assert budget.fields()["startable_batch"] == str(budget.batch_room)
+    # Less of the pool free than batch_min_free_kv, or more waiting than batch_max_waiting:
+    # no batch work is taken, and admission is told so.
+    for strict in (
+        settings(tpot_target_s=1.0, worker_max_waiting=8, batch_min_free_kv=0.999),
+        settings(tpot_target_s=1.0, worker_max_waiting=8, batch_max_waiting=0),
+    ):
+        budget = intake_budget(eng, prices, report(), strict)
+        assert budget.room > 0 and budget.batch_room <= 0
+        assert budget.fields()["startable_batch"] == "0"
+
+
 def test_kv_headroom_holds_back_what_would_need_preemption():
     # 16 blocks of 16 tokens; the mean request (16 + 32 tokens) needs 3; 10 % headroom keeps 2.
     prices, eng = fitted_prices(), engine(num_kv_blocks=16)

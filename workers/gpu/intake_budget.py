@@ -59,8 +59,8 @@ class IntakeBudget:
     # ... of interactive ones, which take the seats and KV of running batch requests (the
     # scheduler preempts those for them): batch work never holds interactive work back
     interactive_room: int
-    # ... of batch ones: one less than `room` while the engine works, so that an interactive
-    # arrival finds a seat and KV without preempting the batch request just started
+    # ... of batch ones: `room` less the spare kept for interactive arrivals (batch_spare), and
+    # none without batch_min_free_kv of the pool free or past batch_max_waiting in the engine
     batch_room: int
     limited_by: str  # waiting | seats | kv
     max_running: int  # the running set the TPOT target allows
@@ -99,6 +99,8 @@ class IntakeBudget:
         out = {
             "startable": str(self.room),
             "startable_interactive": str(self.interactive_room),
+            # what admission forecasts a flex request with: the room the worker takes it in
+            "startable_batch": str(max(0, self.batch_room)),
             "limited_by": self.limited_by,
             "max_running": str(self.max_running),
             "oldest_waiting_s": f"{self.oldest_waiting_s:.3f}",
@@ -194,6 +196,10 @@ def intake_budget(
     interactive_demand = interactive_running + interactive_waiting
     spare = batch_spare(report.recent_interactive_share, seats, interactive_demand)
     batch_room = room - spare
+    if bm.num_free_blocks < settings.batch_min_free_kv * bm.num_blocks or (
+        num_waiting > settings.batch_max_waiting
+    ):
+        batch_room = min(batch_room, 0)
     if num_running == num_waiting == 0 and every["waiting"] > 0:
         room = interactive_room = batch_room = max(room, 1)
 

@@ -197,13 +197,7 @@ class RoundTrip:
         if self.draining.is_set() or self.outage.active:
             room = 0
         priorities = ["interactive"]
-        free_frac = stats.num_free_blocks / max(stats.num_total_blocks, 1)
-        if (
-            room > 0
-            and budget.batch_room > 0
-            and free_frac >= self.settings.batch_min_free_kv
-            and stats.num_waiting <= self.settings.batch_max_waiting
-        ):
+        if room > 0 and budget.batch_room > 0:
             priorities.append("batch")
             room = min(room, budget.batch_room)
         intake: Intake = self.intake
