@@ -26,11 +26,10 @@
 # preemption. By Little's law interactive work holds its share of the seats the worker sustains
 # on average (recent_interactive_share, over ~2 s: workers/gpu/load_report.py), so the spare is
 # that mean less what it holds now, and at least one seat and one mean request's KV for the next
-# arrival. The engine keeps the
-# same spare KV free when it admits a batch request, a preempted one included
-# (Scheduler.batch_kv_reserve). With interactive demand at the worker's capacity no flex starts:
-# it waits in Redis, where admission forecasts its wait from the same share
-# (api/load_shedding.py).
+# arrival. The engine keeps the same spare KV free when it admits a batch request, a preempted
+# one included (Scheduler.batch_kv_reserve). With interactive demand at the worker's capacity no
+# flex starts: it waits in Redis, where admission forecasts its wait with the room published
+# here (startable_batch, api/load_shedding.py).
 # The same pass prices the engine's waiting queue per priority (prefill of what is not computed
 # plus the expected output still to come), which the worker publishes for admission.
 from __future__ import annotations
