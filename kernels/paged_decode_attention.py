@@ -344,12 +344,11 @@ BLOCK_N_DEFAULT = 64  # keys per tile (32 when head_dim > 128)
 NUM_WARPS = 4
 NUM_STAGES = 3
 # (keys per tile, warps, stages) for an e4m3 cache; None: the 16-bit values above. A tile of
-# e4m3 keys is half the bytes of a 16-bit one for the same per-key work (the dot over the group
-# padded to 16 rows, exp2), so the kernel is bound by that work, not by bytes: on the H200
-# (benchmarks/sweeps/decode_fp8_sweep.py, 2026-12-01) every e4m3 tile took at best the bf16 kernel's
-# time (~0.25 ms per layer for 2M keys x heads), 128 keys / 4 warps / 3 stages 9 % less than the
-# 16-bit tile over four shapes.
-FP8_LAUNCH: tuple[int, int, int] | None = (128, 4, 2)
+# e4m3 keys is half the bytes of a 16-bit one for the same per-key work (the dot over the group,
+# exp2), so the kernel is bound by that work, not by bytes, and its tile is tuned with its walk
+# (below): on the H200 at the 70B's heads "blocks_t" reads fastest at 64 keys / 4 warps / 3
+# stages, "keys" at 128 / 4 / 2 (decode_fp8_variants_70b_h200_2026-12-05.json).
+FP8_LAUNCH: tuple[int, int, int] | None = (64, 4, 3)
 # How e4m3 tiles widen for the dots: "q" (q's dtype), "fp16" (q and the tiles in fp16: a cvt per
 # pair, one instruction, where bf16 takes a detour). On the H200 at the 70B's heads (benchmarks/
 # decode_fp8_sweep.py, 2026-12-03) "fp16" took 10-14 % less time than "q"; integer shifts into
@@ -357,11 +356,13 @@ FP8_LAUNCH: tuple[int, int, int] | None = (128, 4, 2)
 FP8_WIDEN = "fp16"
 FP8_WIDEN_CODES = {"q": 0, "fp16": 1}
 # How a program walks its key range (kernels/paged_decode_walks.py: WALKS), for a 16-bit and for
-# an e4m3 cache. "keys" until the H200 says otherwise: another walk becomes FP8_WALK when its GPU
-# tests pass and benchmarks/sweeps/decode_fp8_sweep.py --walks finds its e4m3 geomean >= 1.15x
-# the bf16 "keys" kernel at the 70B's heads, every shape faster.
+# an e4m3 cache. A walk becomes FP8_WALK when its GPU tests pass and benchmarks/sweeps/
+# decode_fp8_sweep.py --walks finds its e4m3 geomean >= 1.15x the bf16 "keys" kernel at the 70B's
+# heads, every shape faster: "blocks_t" at 64:4:3, 2026-12-05 (1.19x; 0.116 / 0.219 / 0.221 ms
+# per layer at 64 x 2k / 128 x 2k / 256 x 1k against "keys" at its best tile 0.120 / 0.230 /
+# 0.235).
 WALK = "keys"
-FP8_WALK = "keys"
+FP8_WALK = "blocks_t"
 MAX_SPLITS = 64  # cap of the automatic choice
 MAX_USER_SPLITS = 256  # cap of an explicit num_splits (the reduce kernel holds all of them)
 MIN_KEYS_PER_SPLIT = 256  # below this a split is mostly launch/reduce overhead

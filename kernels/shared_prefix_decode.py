@@ -43,7 +43,6 @@ from kernels.paged_decode_attention import (
     MAX_USER_SPLITS,
     _decode_reduce_kernel,
     attend_key_range,
-    decode_launch,
     paged_decode_attention,
     reduce_heads_per_program,
 )
@@ -212,6 +211,9 @@ def _prefix_split_kernel(
 # float32 accumulator grows with the rows. Untuned: benchmarks/shared_prefix_bench.py measures.
 PREFIX_LAUNCH: dict[int, tuple[int, int, int]] = {16: (64, 4, 3), 32: (64, 4, 3), 64: (64, 4, 2)}
 PREFIX_LAUNCH_WIDE = (32, 8, 2)  # BLOCK_M >= 128
+# Over an e4m3 cache the prefix kernel doubles its keys per tile, up to this (the split kernel's
+# e4m3 tile when shared_prefix_bench.py measured the pair, 2026-12-03).
+PREFIX_FP8_MAX_BLOCK_N = 128
 
 
 def prefix_launch(block_m: int, head_dim: int) -> tuple[int, int, int]:
@@ -281,7 +283,7 @@ def shared_prefix_decode_attention(
         block_m = max(16, next_power_of_2(max_rows * group))
         block_n, warps, stages = prefix_launch(block_m, head_dim)
         if kv_fp8:  # an e4m3 tile is half the bytes: twice the keys for the same registers
-            block_n = min(2 * block_n, decode_launch(head_dim, True)[0])
+            block_n = min(2 * block_n, PREFIX_FP8_MAX_BLOCK_N)
         upcast, precision = dot_config(q.dtype)
         _prefix_split_kernel[(num_kv_heads, num_groups, prefix_splits)](
             q, k_cache, v_cache, block_tables, groups.rows, groups.prefix_lens,

@@ -258,7 +258,7 @@ def variants(dt: str = "bf16"):
         block_m = max(16, pda.next_power_of_2(rows * group))
         p_block_n, p_warps, p_stages = spd.prefix_launch(block_m, head_dim)
         if kv_fp8:
-            p_block_n = min(2 * p_block_n, block_n)
+            p_block_n = min(2 * p_block_n, spd.PREFIX_FP8_MAX_BLOCK_N)
         yield (
             spd._prefix_split_kernel,
             {"q_ptr": dt, "part_max_ptr": "fp32", "part_sum_ptr": "fp32", "part_acc_ptr": "fp32",
