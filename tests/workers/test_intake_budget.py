@@ -75,6 +75,31 @@ def test_the_running_set_stops_at_what_the_tpot_target_allows():
     assert loose.room == 4 and loose.limited_by == "waiting"
 
 
+def test_overdue_interactive_requests_may_fill_a_tenth_past_the_seats():
+    # 5 seats by the TPOT target, all taken: no room, but one overdue interactive request more
+    # (ceil(10 % of 5)); with it running, none.
+    prices, eng = fitted_prices(), engine()
+    target = settings(tpot_target_s=0.04)
+    assert intake_budget(eng, prices, report(), target).overdue_room == 5 + 1 - 5  # room 5 first
+    run(eng, 5)
+    budget = intake_budget(eng, prices, report(), target)
+    assert budget.room == budget.interactive_room == 0 and budget.overdue_room == 1
+    run(eng, 1, prefix="late")
+    assert intake_budget(eng, prices, report(), target).overdue_room == 0
+    # Never past the engine's own max_num_seqs, nor its waiting room.
+    capped = engine(max_num_seqs=5)
+    run(capped, 5)
+    assert (
+        intake_budget(
+            capped, prices, report(), settings(tpot_target_s=0.04, max_num_seqs=5)
+        ).overdue_room
+        == 0
+    )
+    # A looser target has seats to spare, yet no waiting room: nothing overdue is taken.
+    no_wait = settings(tpot_target_s=0.2, worker_max_waiting=0)
+    assert intake_budget(eng, prices, report(), no_wait).overdue_room == 0
+
+
 def test_batch_work_leaves_the_seats_interactive_work_holds_on_average():
     # 5 seats; interactive work has held 4 of them lately (Little's law: its arrivals keep about
     # that many busy) and holds 1 now: 3 are kept for it, and batch work may take 1 of the 4 free.

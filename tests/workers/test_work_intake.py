@@ -56,8 +56,17 @@ def put(rds, queue: str, label: str) -> None:
     rds.xadd(queue, {"r": label}, id=f"{next(_clock)}-0")
 
 
-def take(rds, intake: Intake, room: int, *, steal: bool, priorities=(INTERACTIVE,), age=0.0):
-    reply = rds.eval(*intake.take_call(list(priorities), room, steal, age))
+def take(
+    rds,
+    intake: Intake,
+    room: int,
+    *,
+    steal: bool,
+    priorities=(INTERACTIVE,),
+    age=0.0,
+    overdue=(0, 0),
+):
+    reply = rds.eval(*intake.take_call(list(priorities), room, steal, age, *overdue))
     return [fields["r"] for _, _, fields in taken_entries(reply)]
 
 
@@ -100,6 +109,28 @@ def test_interactive_before_batch(rds, names):
     intake = Intake(me, (other,))
     got = take(rds, intake, 5, steal=True, priorities=(INTERACTIVE, BATCH))
     assert got == ["interactive-shared", "interactive-other", "batch-own"]
+
+
+def test_overdue_first_priority_entries_are_taken_past_the_room(rds, names):
+    me, other = names(), names()
+    own = p.worker_queue_key(me, INTERACTIVE)
+    put(rds, own, "old-1")  # ids about a minute old
+    put(rds, p.queue_key(INTERACTIVE), "old-2")
+    put(rds, p.worker_queue_key(other, INTERACTIVE), "other-old")  # a live worker's: never
+    put(rds, own, "old-3")
+    put(rds, p.worker_queue_key(me, BATCH), "batch-old")
+    rds.xadd(own, {"r": "new"})  # Redis's clock: now
+    intake = Intake(me, (other,))
+    both = (INTERACTIVE, BATCH)
+    # No room: at most two entries, each at least 30 s old, of the first priority only.
+    assert take(rds, intake, 0, steal=True, priorities=both, overdue=(2, 30.0)) == [
+        "old-1",
+        "old-2",
+    ]
+    # The room first, oldest first; then overdue ones only: the young entry stays.
+    assert take(rds, intake, 1, steal=False, priorities=both, overdue=(5, 30.0)) == ["old-3"]
+    assert take(rds, intake, 0, steal=False, priorities=both, overdue=(5, 30.0)) == []
+    assert take(rds, intake, 5, steal=False, priorities=both) == ["new", "batch-old"]
 
 
 def test_a_dead_worker_with_empty_queues_is_forgotten(rds, names):

@@ -19,7 +19,14 @@
 #            request: admission keeps headroom so that preemption stays a transient event
 #
 # worker_max_held (0 by default) lets it hold that many more in its waiting queue, ready for
-# the next free seat. An idle engine always takes one (one that does not fit the whole pool
+# the next free seat.
+# An interactive request that has waited in Redis past admission's bound (max_queue_wait_s) was
+# promised an earlier first token than the seats now give it (the seats move with the step
+# prices' refits and the running set's context, a few percent within a second): the worker takes
+# such requests past the seats, up to OVERDUE_SEAT_SHARE of them more (never past max_num_seqs,
+# the waiting room or the KV). Every stream's turn grows by a few percent for a while instead of
+# the promise breaking; admission, which sees the running set over its seats, refuses more until
+# it is back within them. An idle engine always takes one (one that does not fit the whole pool
 # fails explicitly).
 # Batch work is taken only with room to spare for the interactive work expected to arrive while
 # it runs, which would otherwise preempt it: flex yields to interactive, but rarely by
@@ -50,6 +57,8 @@ from workers.gpu.step_prices import StepPrices
 # streams gets about half the throughput of an unbounded one (t(B) ≈ t(1) + B·row): on a GPU the
 # target is the lower of the two (an 8B's lone turn ~5 ms, a 70B FP8's ~17 ms on an H200).
 LONE_TURN_FACTOR = 2.0
+# Overdue interactive requests may fill the running set up to this share past the TPOT seats.
+OVERDUE_SEAT_SHARE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,9 @@ class IntakeBudget:
     max_running: int  # the running set the TPOT target allows
     seats: int  # ... and the KV pool holds (mean requests): the running set it sustains
     interactive_demand: int  # interactive requests running or waiting in the engine
+    # interactive entries it may take past interactive_room, each one waited past the admission
+    # bound in Redis (work_intake.py's overdue take)
+    overdue_room: int = 0
     # KV blocks the engine keeps free when it admits a batch request beside running work (the
     # spare seats' mean requests): Scheduler.batch_kv_reserve
     batch_kv_reserve: int = 0
@@ -191,6 +203,12 @@ def intake_budget(
     )
     limited_by = min(every, key=every.__getitem__)
     room, interactive_room = max(0, every[limited_by]), max(0, min(interactive.values()))
+    over_seats = min(
+        settings.max_num_seqs, max_running + math.ceil(OVERDUE_SEAT_SHARE * max_running)
+    )
+    overdue_seats = interactive["seats"] + over_seats - max_running
+    overdue = min(interactive["waiting"], interactive["kv"], overdue_seats)
+    overdue_room = max(0, overdue - interactive_room)
     seats = max(1, min(max_running, kv_rows))
     interactive_demand = interactive_running + interactive_waiting
     spare = batch_spare(report.recent_interactive_share, seats, interactive_demand)
@@ -233,6 +251,7 @@ def intake_budget(
         max_running=max_running,
         seats=seats,
         interactive_demand=interactive_demand,
+        overdue_room=overdue_room,
         batch_kv_reserve=spare * per_request,
         prefill_token_s=prefill_token_s,
         decode_token_s=decode_token_s,

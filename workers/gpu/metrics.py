@@ -118,6 +118,11 @@ class WorkerMetrics:
             "the shared queue, stolen from another worker's queue, reclaimed from a dead worker.",
             [*labels, "how"], registry=r,
         )  # fmt: skip
+        self.taken_overdue = Counter(
+            "fleetlm:requests_taken_overdue", "Interactive requests this worker took past its "
+            "TPOT seats because they had waited in the queue past the admission bound.", labels,
+            registry=r,
+        ).labels(model_name)  # fmt: skip
         self.published_blocks = Gauge(
             "fleetlm:published_prefix_blocks", "Prefix-cache block hashes this worker publishes "
             "for routing.", labels, registry=r,

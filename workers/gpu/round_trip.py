@@ -193,9 +193,9 @@ class RoundTrip:
         # Only what the engine can start at the TPOT target (workers/gpu/intake_budget.py); batch
         # work only with headroom, leaving room for an interactive arrival (which would
         # otherwise preempt it), and then no more than that room this turn.
-        room = budget.interactive_room
+        room, overdue = budget.interactive_room, budget.overdue_room
         if self.draining.is_set() or self.outage.active:
-            room = 0
+            room = overdue = 0
         priorities = ["interactive"]
         if room > 0 and budget.batch_room > 0:
             priorities.append("batch")
@@ -232,12 +232,12 @@ class RoundTrip:
             pipe.xreadgroup(
                 p.GROUP, self.worker_id, dict.fromkeys(streams, ">"), count=room, block=block
             )
-        elif room > 0:
+        elif room > 0 or overdue > 0:
             steal = self.settings.steal_max_waiting
             may_steal = steal >= 0 and stats.num_waiting <= steal
             exchange.at_take = len(pipe)
-            age = self.settings.steal_min_age_s
-            pipe.eval(*intake.take_call(priorities, room, may_steal, age))
+            age, bound = self.settings.steal_min_age_s, self.settings.max_queue_wait_s
+            pipe.eval(*intake.take_call(priorities, room, may_steal, age, overdue, bound))
         exchange.read_streams, exchange.room = streams, max(room, 0)
         return exchange
 
@@ -301,6 +301,8 @@ class RoundTrip:
         for queue, entry_id, fields in [*taken, *polled]:
             self.took(self.intake.how(queue))
             self.admission.admit(queue, entry_id, fields, counted=True)
+        if exchange.at_take >= 0 and len(taken) > exchange.room:
+            self.metrics.taken_overdue.inc(len(taken) - exchange.room)
         budget, seats = self.budget, self.budget.seats_free if self.budget else None
         self.step_timing.add(
             row, exchange_build_s=exchange.build_s, exchange_io_s=exchange.io_s,
@@ -309,6 +311,7 @@ class RoundTrip:
             seat_over=seats.over if seats else math.nan,
             mean_output=self.load.mean_output_tokens,
             mean_uncached_prompt=self.load.mean_uncached_prompt_tokens,
+            price_scale=self.prices.scale,
         )  # fmt: skip
 
     def _drop_lost(self) -> None:

@@ -30,6 +30,7 @@ WORKER_FIELDS = (
     "seat_over",  # interactive requests held beyond the seats (negative: seats free)
     "mean_output",  # the mean output of its last finished requests
     "mean_uncached_prompt",  # ... and their mean uncached prompt
+    "price_scale",  # the step prices' measured / predicted turn (workers/gpu/step_prices.py)
 )
 FLUSH_INTERVAL_S = 1.0
 

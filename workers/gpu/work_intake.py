@@ -6,7 +6,9 @@
 # Interactive before batch, and batch only with headroom, as without routing. One Lua call takes
 # at most `room` entries in that order and delivers them to this worker in the consumer group,
 # so fencing, heartbeats and XAUTOCLAIM treat a taken entry like any other
-# (service/queue_ownership.py).
+# (service/queue_ownership.py). Past `room`, it takes up to `overdue_room` more of the first
+# priority's own and shared entries that have waited at least overdue_age_s: requests admission
+# promised a first token sooner (workers/gpu/intake_budget.py says when and how many).
 #
 # The set of routed workers (fleetlm:routes) is re-read every heartbeat interval; a worker that
 # is dead and whose queues are empty is then removed with its queues and its published blocks.
@@ -20,14 +22,16 @@ from service.routing import routed_inflight_field
 
 # KEYS, per priority taken: own queue, shared queue, then per other routed worker: its queue,
 # its alive key, its stats hash. ARGV: group, consumer, room, may steal (1/0), the age in ms an
-# entry must have to be stolen, then per priority the number of other routed workers. Returns
-# {queue, entry id, {field, value, ...}} per entry taken.
+# entry must have to be stolen, the overdue room, the age in ms that makes an entry overdue, then
+# per priority the number of other routed workers. Returns {queue, entry id, {field, value, ...}}
+# per entry taken.
 TAKE_SCRIPT = """
 local group, consumer = ARGV[1], ARGV[2]
 local room, may_steal = tonumber(ARGV[3]), ARGV[4] == '1'
 local now = redis.call('TIME')  -- entry ids carry Redis's clock, not the worker's
-local steal_before = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-steal_before = steal_before - tonumber(ARGV[5])
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local steal_before = now_ms - tonumber(ARGV[5])
+local overdue_room, overdue_before = tonumber(ARGV[6]), now_ms - tonumber(ARGV[7])
 local taken = {}
 
 -- The id of the queue's next entry not yet delivered to the group, or nil.
@@ -53,11 +57,12 @@ local function older(a, b)
   return tonumber(as) < tonumber(bs)
 end
 
--- Entries of `queues`, oldest first, while room lasts; with `before` (ms), only older ones.
-local function take_oldest(queues, before)
+-- Entries of `queues`, oldest first, until `limit` are taken in all; with `before` (ms), only
+-- older ones.
+local function take_oldest(queues, before, limit)
   local heads = {}
   for i, q in ipairs(queues) do heads[i] = head(q) end
-  while #taken < room do
+  while #taken < limit do
     local pick = nil
     for i = 1, #queues do
       local ok = heads[i] and (before == nil
@@ -76,7 +81,7 @@ local function take_oldest(queues, before)
 end
 
 local k = 1
-for i = 6, #ARGV do
+for i = 8, #ARGV do
   local num_others = tonumber(ARGV[i])
   local mine, busy = {KEYS[k], KEYS[k + 1]}, {}
   for j = 0, num_others - 1 do
@@ -88,8 +93,11 @@ for i = 6, #ARGV do
       table.insert(mine, KEYS[base])
     end
   end
-  take_oldest(mine)
-  if may_steal then take_oldest(busy, steal_before) end
+  take_oldest(mine, nil, room)
+  if i == 8 and overdue_room > 0 then  -- the first priority's overdue entries, past the room
+    take_oldest(mine, overdue_before, room + overdue_room)
+  end
+  if may_steal then take_oldest(busy, steal_before, room) end
   k = k + 2 + 3 * num_others
 end
 return taken
@@ -142,7 +150,13 @@ class Intake:
         return [q for prio in priorities for q in p.queue_keys(prio, routes)]
 
     def take_call(
-        self, priorities: Sequence[str], room: int, may_steal: bool, steal_min_age_s: float = 0.0
+        self,
+        priorities: Sequence[str],
+        room: int,
+        may_steal: bool,
+        steal_min_age_s: float = 0.0,
+        overdue_room: int = 0,
+        overdue_age_s: float = 0.0,
     ) -> tuple:
         keys: list[str] = []
         counts: list[int] = []
@@ -151,8 +165,9 @@ class Intake:
             for w in self.others:
                 keys += [p.worker_queue_key(w, prio), p.alive_key(w), p.stats_key(w)]
             counts.append(len(self.others))
-        age_ms = int(steal_min_age_s * 1000)
-        args = [p.GROUP, self.worker_id, room, int(may_steal), age_ms, *counts]
+        age_ms, overdue_ms = int(steal_min_age_s * 1000), int(overdue_age_s * 1000)
+        args = [p.GROUP, self.worker_id, room, int(may_steal), age_ms, overdue_room, overdue_ms]
+        args += counts
         return (TAKE_SCRIPT, len(keys), *keys, *args)
 
     def how(self, queue: str) -> str:
