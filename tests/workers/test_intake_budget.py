@@ -204,6 +204,27 @@ def test_prices_follow_a_machine_that_slows_down():
     assert 1.7 * before < prices.decode_step_s(8, 8 * 32) < 2.3 * before
 
 
+def test_the_seats_level_is_seconds_of_turns_not_a_run_of_one_kind():
+    # The H200's 8B: with its seats full the worker took nothing, its turns were all decodes,
+    # which the fit under-predicted; the per-turn level rose and the seats fell 19 % in 0.7 s.
+    # The seats' level counts the last few seconds: such a run moves them a few percent, while
+    # a machine that stays slower is followed within seconds.
+    prices = fitted_prices()
+    f = StepFeatures(8, 8 * 32, 0, 0.0)
+    turn = float(f.vector() @ TRUE)
+    for _ in range(round(5.0 / turn)):  # five seconds of turns as predicted
+        prices.observe(f, turn)
+    seats = prices.max_rows(0.2, 32, 10_000)
+    level = prices.scale
+    for _ in range(round(0.7 / (1.2 * turn))):  # 0.7 s of them 20 % slower
+        prices.observe(f, 1.2 * turn)
+    assert prices.scale > level * 1.05  # the per-turn level (admission's predictions) follows
+    assert prices.max_rows(0.2, 32, 10_000) >= 0.94 * seats
+    for _ in range(round(10.0 / (2 * turn))):  # then ten seconds at twice the time
+        prices.observe(f, 2 * turn)
+    assert prices.max_rows(0.2, 32, 10_000) < 0.6 * seats
+
+
 def test_batch_requests_waiting_in_the_engine_leave_the_waiting_room_to_interactive():
     # The engine's one seat is taken by an interactive request; four batch requests wait for
     # it in the engine (preempted ones do). They fill the whole waiting room for batch, none

@@ -155,11 +155,13 @@ def intake_budget(
     seats_free = None
     kv_rows = (bm.num_blocks - headroom) // per_request
     if prices.fitted:
-        lone = prices.decode_step_s(1, int(context_per_row))
+        # The seats at the level of the last few seconds of turns (step_prices.py says why).
+        lone = prices.decode_step_s(1, int(context_per_row), seats=True)
         # In steady state a running request is replaced every mean_output turns, so a turn
         # also carries rows / mean_output new prompts (what the prefix cache did not hold):
         # on a 70B their prefill slows every stream's turn about as much as the decodes do.
-        prompt_share = prices.prefill_s(int(report.mean_uncached_prompt_tokens)) / mean_output
+        uncached = int(report.mean_uncached_prompt_tokens)
+        prompt_share = prices.prefill_s(uncached, seats=True) / mean_output
         target = max(settings.tpot_target_s, LONE_TURN_FACTOR * (lone + prompt_share))
         max_running = prices.max_rows(target, context_per_row, max_running, prompt_share)
         # An output token's price is a decode turn shared by the running set the engine
