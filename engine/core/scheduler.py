@@ -129,7 +129,9 @@ class Scheduler:
         scheduled: dict[Request, int] = {}
 
         self.running.sort(key=lambda r: (r.priority.rank, r.admitted_seq))
-        prefill_left = self._prefill_allowance(budget)
+        # prefill tokens of the step's prompts, less what guarded ones take (they may take the
+        # whole budget, the others keep to this)
+        prefill_left, guarded = self._prefill_allowance(budget)
         # Decodes not reached yet in the loop: a prompt chunk leaves them their budget.
         decodes_ahead = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
         reserve: int | None = None  # held back from long prompts for short waiting ones
@@ -142,7 +144,7 @@ class Scheduler:
             if num_pending == 1:
                 decodes_ahead -= 1
             else:  # a prompt chunk: within the step's prefill allowance
-                cap = min(prefill_left, budget - decodes_ahead)
+                cap = min(budget if request in guarded else prefill_left, budget - decodes_ahead)
                 if request.priority is Priority.BATCH and self.waiting[Priority.INTERACTIVE]:
                     if batch_reserve is None:
                         batch_reserve = self.order.interactive_reserve(
@@ -189,11 +191,11 @@ class Scheduler:
                 scheduled[request] = num_new
                 budget -= num_new
                 if num_pending > 1:
-                    prefill_left -= num_new
+                    prefill_left = max(0, prefill_left - num_new)
                 i += 1
 
         if out.num_preempted == 0:
-            self._admit_waiting(budget, prefill_left, scheduled, out)
+            self._admit_waiting(budget, prefill_left, guarded, scheduled, out)
 
         # Always: the worker prices its work with the same shape (workers/gpu/step_prices.py).
         out.features = self.last_features = _features(scheduled.items())
@@ -204,15 +206,16 @@ class Scheduler:
                 request.first_scheduled_time = now
         return out
 
-    def _prefill_allowance(self, budget: int) -> int:
+    def _prefill_allowance(self, budget: int) -> tuple[int, set]:
         if self.prefill_policy is None:
-            return budget
+            return budget, set()
         decodes, prefills = [], []
         for r in self.running:
             (decodes if r.num_tokens - r.num_computed_tokens == 1 else prefills).append(r)
         for priority in Priority:
             prefills.extend(self.waiting[priority])
-        return self.prefill_policy.allowance(decodes, prefills, budget, time.time())
+        now, policy = time.time(), self.prefill_policy
+        return policy.allowance(decodes, prefills, budget, now), policy.guarded(prefills, now)
 
     @staticmethod
     def _order(out: SchedulerOutput, items) -> None:
@@ -241,14 +244,22 @@ class Scheduler:
                 _clear_drafts(request)
 
     def _admit_waiting(
-        self, budget: int, prefill_left: int, scheduled: dict[Request, int], out: SchedulerOutput
+        self,
+        budget: int,
+        prefill_left: int,
+        guarded: set,
+        scheduled: dict[Request, int],
+        out: SchedulerOutput,
     ) -> None:
         """Admits waiting requests, in the prefill order's admission order, while the step's
-        token budget, its prefill allowance, sequence slots and KV blocks last."""
+        token budget, its prefill allowance (the budget for a guarded prompt), sequence slots
+        and KV blocks last."""
         bm = self.block_manager
         for request in self.order.admission_order(self.waiting):
-            if budget <= 0 or prefill_left <= 0:
+            if budget <= 0:
                 return
+            if prefill_left <= 0 and request not in guarded:
+                continue
             priority = request.priority
             if priority is Priority.BATCH and out.num_preempted:
                 continue  # batch requests just preempted must not be replaced this step
@@ -278,7 +289,8 @@ class Scheduler:
                     continue  # it waits for the room, behind nothing of a higher class
             num_computed = len(hits) * bm.block_size
             others = len(self.running) + self.num_waiting - 1
-            chunk = min(prefill_left, self.order.chunk_cap(request, others))
+            left = budget if request in guarded else prefill_left
+            chunk = min(left, self.order.chunk_cap(request, others))
             num_new = min(request.num_tokens - num_computed, budget, chunk)
             while not bm.allocate_slots(request, num_new, hits):
                 if priority is not Priority.INTERACTIVE or not self._preempt_batch(scheduled, out):
@@ -301,7 +313,7 @@ class Scheduler:
             self.running.append(request)
             scheduled[request] = num_new
             budget -= num_new
-            prefill_left -= num_new
+            prefill_left = max(0, prefill_left - num_new)
 
     def _fork_blocks(self, request: Request) -> list[int] | None:
         """The leading full prompt blocks a copy of an n > 1 request shares with the copy that

@@ -136,7 +136,7 @@ class PrefillPolicy:
     """The scheduler's prefill allowance per step: while decodes run, as many prefill tokens as
     keep the predicted step under `step_time_target_s` (TPOT holds), and never fewer than the
     waiting prompt work needs to meet its deadlines (TTFT holds); a short interactive prompt
-    that has waited `ttft_guard_s` still gets the whole budget.
+    that has waited `ttft_guard_s` still gets the whole budget, for itself alone (guarded()).
 
     Why the deadline term (docs/serving.md#latency-aware-prefill): with a target alone, a
     model whose decode step already takes the target (the 70B in FP8 at ~80 running: 36-46 ms
@@ -186,19 +186,25 @@ class PrefillPolicy:
             need += remaining / steps_left
         return math.ceil(need)
 
+    def guarded(self, prefills: list, now: float) -> set:
+        """The short interactive prompts among `prefills` that have waited past the guard: each
+        may take the step's whole budget for itself, while the others keep to allowance()'s
+        share (a 12k-token document's chunk riding such a step made it 0.6 s on a 70B)."""
+        return {
+            r
+            for r in prefills
+            if r.priority is Priority.INTERACTIVE
+            and r.num_prompt_tokens < self.ttft_prompt_tokens
+            and r.arrival_time is not None
+            and now - r.arrival_time > self.ttft_guard_s
+        }
+
     def allowance(self, decodes: list, prefills: list, budget: int, now: float) -> int:
         """decodes: running requests with one pending token; prefills: requests that would
-        take prefill tokens this step (running ones first, then the waiting, in order)."""
+        take prefill tokens this step (running ones first, then the waiting, in order). The
+        prefill tokens of the step for every prompt but the guarded() ones."""
         if not decodes or not prefills or not self.model.fitted:
             return budget
-        for r in prefills:
-            if (
-                r.priority is Priority.INTERACTIVE
-                and r.num_prompt_tokens < self.ttft_prompt_tokens
-                and r.arrival_time is not None
-                and now - r.arrival_time > self.ttft_guard_s
-            ):
-                return budget
         context = sum(r.num_tokens for r in decodes)
         first = prefills[0].num_computed_tokens
         allowed = self.model.max_prefill_tokens(

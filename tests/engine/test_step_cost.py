@@ -111,6 +111,29 @@ def test_a_short_interactive_prompt_that_waited_gets_the_whole_step():
     assert engine.scheduler.last_features.prefill_tokens == 3000
 
 
+def test_a_guarded_prompt_takes_the_whole_step_for_itself_alone():
+    # A 12k-token document is mid-prefill when a short prompt passes its guard: the short one
+    # goes through whole, the document keeps to its allowance (on a 70B a document's chunk
+    # riding the guard's whole budget made the step 0.6 s for every stream).
+    engine = _engine(0.040, max_num_batched_tokens=8192, max_model_len=16384, num_kv_blocks=2048)
+    engine.prefill_policy.model = fitted_model()
+    engine.prefill_policy.observe = lambda features, seconds: None
+    decode = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    for i in range(8):
+        engine.add_request(f"chat-{i}", list(range(1, 20)), decode)
+    engine.step()
+    engine.add_request("doc", [7] * 12000, decode)
+    engine.step()
+    running = {r.request_id: r for r in engine.scheduler.running}
+    first_chunk = running["doc"].num_computed_tokens
+    assert 0 < first_chunk < 2000
+    engine.add_request("late", list(range(500, 1100)), decode, arrival_time=time.time() - 1.0)
+    engine.step()
+    running = {r.request_id: r for r in engine.scheduler.running}
+    assert running["late"].num_computed_tokens == 600
+    assert running["doc"].num_computed_tokens - first_chunk <= first_chunk
+
+
 def test_without_a_target_or_a_fit_nothing_changes():
     decode = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     results = []
