@@ -28,7 +28,8 @@
 #   TTFT  = max(wait, hold) + first token, on the worker that gets it out soonest:
 #   first = turns × prefill_step_s + seconds of the prompt tokens ahead + of its own
 #           + decode_step_s (the turn that delivers the token)
-#   turns = ⌈(prompt tokens ahead + its own) / prefill_chunk_tokens⌉
+#   turns = ⌈(prompt tokens ahead + its own) / prefill_chunk_tokens⌉ (a long prompt's, of
+#           prefill_hold_tokens or more, with a step-time target: prefill_long_chunk_tokens)
 #   hold  = with a step-time target (engine/core/step_cost.py's PrefillPolicy), how long the
 #           engine spreads a short interactive prompt toward its deadline while decodes run
 #           before it gives it whole steps (prefill_ttft_guard_s, counted from the enqueue);
@@ -102,6 +103,7 @@ class WorkerLoad:
     # Its prefill as scheduled (chunks beside the running set's decodes); None: not published
     prefill_step_s: float | None = None  # a prompt-carrying turn, less its chunk's tokens
     prefill_chunk_tokens: int = 1  # prompt tokens a turn carries
+    prefill_long_chunk_tokens: int = 0  # ... of a long prompt (0: not published, the above)
     prefill_tok_s: float = 0.0  # per prompt token
     prefill_pair_s: float = 0.0  # per causal attention pair
     prefill_ahead_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -143,7 +145,10 @@ class WorkerLoad:
         own_s = prompt_tokens * self.prefill_tok_s + self.prefill_pair_s * causal_pairs(
             prompt_tokens
         )
-        turns = math.ceil((ahead + prompt_tokens) / max(1, self.prefill_chunk_tokens))
+        chunk = self.prefill_chunk_tokens
+        if 0 < self.prefill_hold_tokens <= prompt_tokens and self.prefill_long_chunk_tokens > 0:
+            chunk = min(chunk, self.prefill_long_chunk_tokens)  # a long prompt's share a turn
+        turns = math.ceil((ahead + prompt_tokens) / max(1, chunk))
         return turns * self.prefill_step_s + ahead_s + own_s + self.decode_step_s
 
 
@@ -344,7 +349,8 @@ STATS_FIELDS = [
     "prefill_token_s",
     "decode_token_s", "startable", "startable_interactive", "startable_batch", "limited_by",
     *(f"waiting_work_s_{prio}" for prio in p.PRIORITIES),
-    "decode_step_s", "prefill_step_s", "prefill_chunk_tokens", "prefill_tok_s", "prefill_pair_s",
+    "decode_step_s", "prefill_step_s", "prefill_chunk_tokens", "prefill_long_chunk_tokens",
+    "prefill_tok_s", "prefill_pair_s",
     *(f"prefill_ahead_tokens_{prio}" for prio in p.PRIORITIES),
     *(f"prefill_ahead_s_{prio}" for prio in p.PRIORITIES),
     "prefill_hold_s", "prefill_hold_tokens", "interactive_share", "seat_finish_s", "seat_over",
@@ -373,6 +379,7 @@ def _worker_load(stats: dict) -> WorkerLoad:
             number("prefill_step_s") if stats.get("prefill_step_s") is not None else None
         ),
         prefill_chunk_tokens=max(1, int(number("prefill_chunk_tokens"))),
+        prefill_long_chunk_tokens=int(number("prefill_long_chunk_tokens")),
         prefill_tok_s=number("prefill_tok_s"),
         prefill_pair_s=number("prefill_pair_s"),
         prefill_ahead_tokens={

@@ -144,6 +144,22 @@ def test_a_short_interactive_prompt_waits_for_the_engines_hold_under_a_step_targ
     assert prediction.ttft_s == pytest.approx(3 * MEAN_WORK_S + fast)
 
 
+def test_a_long_prompt_under_a_step_target_is_priced_in_the_chunks_the_target_allows():
+    # With a step-time target a long prompt (hold_tokens or more) is never guarded: it moves
+    # 1,000 tokens a turn beside the decodes, not the budget's 4,000 (on the H200 the 8B's
+    # 18-20k-token documents took 1.4-1.6 s against whole-chunk forecasts of 0.7-0.8 s).
+    target = {"prefill_hold_s": 0.3, "prefill_hold_tokens": 4000, "prefill_long_chunk_tokens": 1000}
+    ttft = load(worker(**target)).predict("interactive", 19_000).ttft_s
+    assert ttft == pytest.approx(19 * STEP_S + 19_000 * TOK_S + DECODE_S)
+    whole = load(worker(**(target | {"prefill_long_chunk_tokens": 0}))).predict(
+        "interactive", 19_000
+    )
+    assert whole.ttft_s == pytest.approx(5 * STEP_S + 19_000 * TOK_S + DECODE_S)
+    # A short prompt still goes in whole chunks once its hold is over.
+    short = load(worker(**target)).predict("interactive", 3000).ttft_s
+    assert short == pytest.approx(0.3 + STEP_S + 3000 * TOK_S + DECODE_S)
+
+
 def test_flex_gets_only_the_seats_interactive_demand_leaves():
     # Nothing startable, one mean request of flex work waiting in the engine: with no
     # interactive demand flex waits for it and its own; when interactive work holds 90 % of

@@ -225,6 +225,22 @@ def test_the_seats_level_is_seconds_of_turns_not_a_run_of_one_kind():
     assert prices.max_rows(0.2, 32, 10_000) < 0.6 * seats
 
 
+def test_a_long_prompts_chunk_is_what_the_step_target_allows_beside_the_decodes():
+    # 5 decodes on the synthetic machine: 10 + 20 + 5 × 5 ms before the chunk, 0.1 ms a prompt
+    # token: a 0.2 s target leaves ~1,450 tokens a turn for a long prompt, not the budget.
+    prices = fitted_prices()
+    eng = engine(step_time_target_s=0.2, max_num_batched_tokens=8192)
+    eng.prefill_policy.model = prices.model
+    run(eng, 5)
+    fields = intake_budget(eng, prices, report(), settings()).fields()
+    assert int(fields["prefill_chunk_tokens"]) == 8192 - 5
+    assert 1300 < int(fields["prefill_long_chunk_tokens"]) < 1500
+    plain = engine(max_num_batched_tokens=8192)  # no target: the long-prompt cap only
+    run(plain, 5)
+    fields = intake_budget(plain, prices, report(), settings()).fields()
+    assert int(fields["prefill_long_chunk_tokens"]) == plain.scheduler.order.long_chunk
+
+
 def test_batch_requests_waiting_in_the_engine_leave_the_waiting_room_to_interactive():
     # The engine's one seat is taken by an interactive request; four batch requests wait for
     # it in the engine (preempted ones do). They fill the whole waiting room for batch, none
