@@ -346,12 +346,18 @@ def test_interactive_demand_is_reported_as_a_share_of_the_seats_averaged_over_ti
     # One turn later barely moves it; a time constant later it has gone most of the way.
     report.on_seats(interactive=60, seats=60, now=100.05)
     assert 0.5 < report.interactive_share < 0.51
+    # A burst: within a second the recent share has moved, and admission's flex pace with it.
+    report.on_seats(interactive=60, seats=60, now=101.0)
+    assert report.interactive_share < 0.6 < report.recent_interactive_share
+    assert report.fields()["interactive_share"] == f"{report.recent_interactive_share:.4f}"
     report.on_seats(interactive=90, seats=60, now=100.05 + 3 * SHARE_TAU_S)
     assert report.interactive_share > 0.97  # (more waiting than seats counts as all of them)
-    assert report.fields()["interactive_share"] == f"{report.interactive_share:.4f}"
+    assert report.fields()["interactive_share"] == "1.0000"  # the recent share, the larger
     # The recent share (batch intake's spare seats) follows within seconds, not tens of them.
     report.on_seats(interactive=0, seats=60, now=100.05 + 3 * SHARE_TAU_S + 2 * RECENT_TAU_S)
     assert report.recent_interactive_share < 0.15 < 0.5 < report.interactive_share
+    # ... while flex's pace keeps the 10 s share until that one falls too
+    assert report.fields()["interactive_share"] == f"{report.interactive_share:.4f}"
 
 
 def test_the_budget_counts_interactive_demand_and_the_seats_it_is_a_share_of():

@@ -93,8 +93,12 @@ class LoadReport:
         self._share_at = now
 
     def fields(self) -> dict[str, str]:
+        # Admission paces flex with the larger share: a burst slows flex at once, and only ~10 s
+        # without one speeds it again (the 10 s share alone let flex in at the pace of before
+        # while a burst took the seats).
+        share = max(self.interactive_share, self.recent_interactive_share)
         return {
-            "interactive_share": f"{self.interactive_share:.4f}",
+            "interactive_share": f"{share:.4f}",
             "tokens_per_s": f"{self.tokens_per_s:.1f}",
             "mean_output_tokens": f"{self.mean_output_tokens:.1f}",
             "mean_prompt_tokens": f"{self.mean_prompt_tokens:.1f}",
