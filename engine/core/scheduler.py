@@ -256,10 +256,10 @@ class Scheduler:
         and KV blocks last."""
         bm = self.block_manager
         for request in self.order.admission_order(self.waiting):
-            if budget <= 0:
+            if budget <= 0 or (prefill_left <= 0 and not guarded):
                 return
             if prefill_left <= 0 and request not in guarded:
-                continue
+                continue  # only a guarded prompt may still come in this step
             priority = request.priority
             if priority is Priority.BATCH and out.num_preempted:
                 continue  # batch requests just preempted must not be replaced this step

@@ -97,14 +97,20 @@ def test_the_scheduler_chunks_prompts_by_the_allowance_while_decodes_run():
     assert len(chunks) > 1 and max(chunks) < 3000  # chunked, not one 3000-token step
 
 
-def test_a_short_interactive_prompt_that_waited_gets_the_whole_step():
-    engine = _engine(0.040, max_num_batched_tokens=4096)
+def _eight_decoding(**options) -> tuple[LLMEngine, SamplingParams]:
+    """An engine with a 40 ms target on the synthetic machine's model, 8 chats decoding."""
+    engine = _engine(0.040, **options)
     engine.prefill_policy.model = fitted_model()
     engine.prefill_policy.observe = lambda features, seconds: None
     decode = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
     for i in range(8):
         engine.add_request(f"chat-{i}", list(range(1, 20)), decode)
     engine.step()
+    return engine, decode
+
+
+def test_a_short_interactive_prompt_that_waited_gets_the_whole_step():
+    engine, decode = _eight_decoding(max_num_batched_tokens=4096)
     # Arrived 1 s ago (past the 0.3 s guard), 3,000 tokens (under 4,000): one step takes it.
     engine.add_request("late", list(range(500, 3500)), decode, arrival_time=time.time() - 1.0)
     engine.step()
@@ -115,13 +121,9 @@ def test_a_guarded_prompt_takes_the_whole_step_for_itself_alone():
     # A 12k-token document is mid-prefill when a short prompt passes its guard: the short one
     # goes through whole, the document keeps to its allowance (on a 70B a document's chunk
     # riding the guard's whole budget made the step 0.6 s for every stream).
-    engine = _engine(0.040, max_num_batched_tokens=8192, max_model_len=16384, num_kv_blocks=2048)
-    engine.prefill_policy.model = fitted_model()
-    engine.prefill_policy.observe = lambda features, seconds: None
-    decode = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
-    for i in range(8):
-        engine.add_request(f"chat-{i}", list(range(1, 20)), decode)
-    engine.step()
+    engine, decode = _eight_decoding(
+        max_num_batched_tokens=8192, max_model_len=16384, num_kv_blocks=2048
+    )
     engine.add_request("doc", [7] * 12000, decode)
     engine.step()
     running = {r.request_id: r for r in engine.scheduler.running}
