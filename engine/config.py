@@ -58,12 +58,12 @@ class EngineConfig:
     # takes only as many prefill tokens as keep its predicted time under it (None: the whole
     # max_num_batched_tokens budget may go to prefill, as without the model).
     step_time_target_s: float | None = None
-    prefill_ttft_guard_s: float = 0.3  # a short interactive prompt waiting this long goes first
-    # With a target, prompts still get the tokens their deadlines need: a short interactive
-    # prompt's first token is due ttft_target_s after arrival, a long one's at its length over
-    # long_prompt_tokens_per_s (engine/core/step_cost.py PrefillPolicy).
+    prefill_ttft_guard_s: float = 0.0  # a short interactive prompt waiting this long goes first
+    # With a target, prompts still get the tokens they are due (engine/core/step_cost.py
+    # PrefillPolicy): a short prompt by its first token's deadline, ttft_target_s after arrival;
+    # the long prompts, oldest first, long_prompt_share of the GPU's time beside the decodes.
     ttft_target_s: float = 0.8
-    long_prompt_tokens_per_s: float = 4000.0
+    long_prompt_share: float = 0.25
     ttft_prompt_tokens: int = 4000  # "short": the TTFT target applies below this prompt length
     # The order of prompt chunks in a step (engine/core/prefill_order.py): short prompts' before
     # long ones' (off: interactive before batch, each in arrival order), and a long prompt's chunk
@@ -156,8 +156,8 @@ class EngineConfig:
             )
         if self.long_prefill_chunk < 0:
             raise ValueError("long_prefill_chunk must be >= 0 (0: no cap)")
-        if self.ttft_target_s <= 0 or self.long_prompt_tokens_per_s <= 0:
-            raise ValueError("ttft_target_s and long_prompt_tokens_per_s must be positive")
+        if self.ttft_target_s <= 0 or not 0 < self.long_prompt_share < 1:
+            raise ValueError("need ttft_target_s > 0 and long_prompt_share in (0, 1)")
         if self.shared_prefix_decode and not self.enable_prefix_caching:
             raise ValueError(
                 "shared_prefix_decode needs enable_prefix_caching (rows share a prefix's KV "

@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -79,29 +80,8 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
-        self.prefill_policy: PrefillPolicy | None = None
-        if config.step_time_target_s is not None:
-            self.prefill_policy = PrefillPolicy(
-                config.step_time_target_s,
-                ttft_guard_s=config.prefill_ttft_guard_s,
-                ttft_target_s=config.ttft_target_s,
-                long_prompt_tokens_per_s=config.long_prompt_tokens_per_s,
-                ttft_prompt_tokens=config.ttft_prompt_tokens,
-            )
-        self.scheduler = Scheduler(
-            self.block_manager,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            eos_token_ids=eos,
-            prefill_policy=self.prefill_policy,
-            prefill_order=PrefillOrder(
-                config.max_num_batched_tokens,
-                config.max_num_seqs,
-                short_first=config.short_prefill_first,
-                long_prompt_tokens=config.ttft_prompt_tokens,
-                long_chunk=config.long_prefill_chunk,
-            ),
-        )
+        self.scheduler = build_scheduler(config, self.block_manager, eos)
+        self.prefill_policy = self.scheduler.prefill_policy
         self.speculator: Speculator | None = None
         if config.speculative_method == "ngram":
             proposer = NgramProposer(config.ngram_min, config.ngram_max)
@@ -427,6 +407,8 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=self.scheduler.num_waiting,
             kv_usage=bm.usage, overlapped=float(step.feeds_from is not None),
             kernel_compiles=compiles - self._compiles_seen,
+            decode_context=out.features.decode_context if out.features else math.nan,
+            prefill_pairs=out.features.prefill_pairs if out.features else math.nan,
         )  # fmt: skip
         self._compiles_seen = compiles
         self.last_step_row = row
@@ -458,3 +440,37 @@ class LLMEngine:
             spec_decode_num_accepted_tokens=self.scheduler.num_spec_accepted_tokens,
             kernel_compiles=compile_counter.count() - self._compiles_at_ready,
         )
+
+
+def build_scheduler(
+    config: EngineConfig,
+    block_manager: BlockManager,
+    eos_token_ids: tuple[int, ...],
+    clock: Callable[[], float] = time.time,
+) -> Scheduler:
+    """The scheduler of an engine with `config`: its prefill policy (with a step-time target)
+    and prefill order. benchmarks/schedule_sim.py builds the same one on a virtual clock."""
+    policy = None
+    if config.step_time_target_s is not None:
+        policy = PrefillPolicy(
+            config.step_time_target_s,
+            ttft_guard_s=config.prefill_ttft_guard_s,
+            ttft_target_s=config.ttft_target_s,
+            long_prompt_share=config.long_prompt_share,
+            ttft_prompt_tokens=config.ttft_prompt_tokens,
+        )
+    return Scheduler(
+        block_manager,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        eos_token_ids=eos_token_ids,
+        prefill_policy=policy,
+        prefill_order=PrefillOrder(
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            short_first=config.short_prefill_first,
+            long_prompt_tokens=config.ttft_prompt_tokens,
+            long_chunk=config.long_prefill_chunk,
+        ),
+        clock=clock,
+    )

@@ -117,10 +117,10 @@ class Settings(BaseSettings):
     # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
     # this target (None: off, each step may fill max_num_batched_tokens with prefill).
     step_time_target_s: float | None = None
-    prefill_ttft_guard_s: float = 0.3
+    prefill_ttft_guard_s: float = 0.0
     ttft_prompt_tokens: int = 4000
     ttft_target_s: float = Field(0.8, gt=0)  # with a target: when a short prompt's token is due
-    long_prompt_tokens_per_s: float = Field(4000.0, gt=0)  # ... and a long one's, by its length
+    long_prompt_share: float = Field(0.25, gt=0, lt=1)  # the documents' share beside decodes
     short_prefill_first: bool = (
         True  # short prompts' chunks before long ones' (engine/core/prefill_order.py)
     )

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.core.block_manager import BlockManager
 from engine.core.prefill_order import PrefillOrder
 from engine.core.request import Priority, Request, RequestStatus
-from engine.core.step_cost import PrefillPolicy, StepFeatures, chunk_pairs
+from engine.core.step_cost import PrefillPlan, PrefillPolicy, StepFeatures, chunk_pairs
 from engine.spec.policy import observe_acceptance
 
 
@@ -60,8 +61,11 @@ class Scheduler:
         eos_token_ids: tuple[int, ...] = (),
         prefill_policy: PrefillPolicy | None = None,
         prefill_order: PrefillOrder | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.block_manager = block_manager
+        # time.time() in the engine; a virtual clock in benchmarks/schedule_sim.py
+        self.clock = clock
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -112,7 +116,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.error = error
-        request.finish_time = time.time()
+        request.finish_time = self.clock()
         del self.requests[request.request_id]
 
     def abort(self, request_id: str) -> Request | None:
@@ -129,9 +133,8 @@ class Scheduler:
         scheduled: dict[Request, int] = {}
 
         self.running.sort(key=lambda r: (r.priority.rank, r.admitted_seq))
-        # prefill tokens of the step's prompts, less what guarded ones take (they may take the
-        # whole budget, the others keep to this)
-        prefill_left, guarded = self._prefill_allowance(budget)
+        # the step's prefill tokens: each prompt's grant plus a shared pool
+        plan = self._prefill_plan(budget)
         # Decodes not reached yet in the loop: a prompt chunk leaves them their budget.
         decodes_ahead = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
         reserve: int | None = None  # held back from long prompts for short waiting ones
@@ -144,7 +147,7 @@ class Scheduler:
             if num_pending == 1:
                 decodes_ahead -= 1
             else:  # a prompt chunk: within the step's prefill allowance
-                cap = min(budget if request in guarded else prefill_left, budget - decodes_ahead)
+                cap = min(plan.cap(request), budget - decodes_ahead)
                 if request.priority is Priority.BATCH and self.waiting[Priority.INTERACTIVE]:
                     if batch_reserve is None:
                         batch_reserve = self.order.interactive_reserve(
@@ -180,10 +183,8 @@ class Scheduler:
                 victim = max(self.running, key=lambda r: (r.priority.rank, r.admitted_seq))
                 if victim is not request and victim.num_tokens - victim.num_computed_tokens == 1:
                     decodes_ahead -= 1  # (the victim sorts last: not reached yet)
-                freed = scheduled.pop(victim, 0)
-                budget += freed
-                if freed > 1:
-                    prefill_left += freed
+                budget += scheduled.pop(victim, 0)
+                plan.give_back(victim)
                 self._preempt(victim, out)
                 if victim is request:
                     break
@@ -191,31 +192,31 @@ class Scheduler:
                 scheduled[request] = num_new
                 budget -= num_new
                 if num_pending > 1:
-                    prefill_left = max(0, prefill_left - num_new)
+                    plan.take(request, num_new)
                 i += 1
 
         if out.num_preempted == 0:
-            self._admit_waiting(budget, prefill_left, guarded, scheduled, out)
+            self._admit_waiting(budget, plan, scheduled, out)
 
         # Always: the worker prices its work with the same shape (workers/gpu/step_prices.py).
         out.features = self.last_features = _features(scheduled.items())
         self._order(out, scheduled.items())
-        now = time.time()
+        now = self.clock()
         for request in out.requests:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         return out
 
-    def _prefill_allowance(self, budget: int) -> tuple[int, set]:
+    def _prefill_plan(self, budget: int) -> PrefillPlan:
         if self.prefill_policy is None:
-            return budget, set()
+            return PrefillPlan(budget)
         decodes, prefills = [], []
         for r in self.running:
             (decodes if r.num_tokens - r.num_computed_tokens == 1 else prefills).append(r)
         for priority in Priority:
             prefills.extend(self.waiting[priority])
-        now, policy = time.time(), self.prefill_policy
-        return policy.allowance(decodes, prefills, budget, now), policy.guarded(prefills, now)
+        now, policy = self.clock(), self.prefill_policy
+        return policy.plan(decodes, prefills, budget, now)
 
     @staticmethod
     def _order(out: SchedulerOutput, items) -> None:
@@ -246,20 +247,19 @@ class Scheduler:
     def _admit_waiting(
         self,
         budget: int,
-        prefill_left: int,
-        guarded: set,
+        plan: PrefillPlan,
         scheduled: dict[Request, int],
         out: SchedulerOutput,
     ) -> None:
         """Admits waiting requests, in the prefill order's admission order, while the step's
-        token budget, its prefill allowance (the budget for a guarded prompt), sequence slots
-        and KV blocks last."""
+        token budget, its prefill plan (the pool, or a prompt's own grant), sequence slots and
+        KV blocks last."""
         bm = self.block_manager
         for request in self.order.admission_order(self.waiting):
-            if budget <= 0 or (prefill_left <= 0 and not guarded):
+            if budget <= 0 or (plan.pool <= 0 and not plan.grants):
                 return
-            if prefill_left <= 0 and request not in guarded:
-                continue  # only a guarded prompt may still come in this step
+            if plan.pool <= 0 and request not in plan.grants:
+                continue  # only a prompt with a grant of its own may still come in
             priority = request.priority
             if priority is Priority.BATCH and out.num_preempted:
                 continue  # batch requests just preempted must not be replaced this step
@@ -289,8 +289,7 @@ class Scheduler:
                     continue  # it waits for the room, behind nothing of a higher class
             num_computed = len(hits) * bm.block_size
             others = len(self.running) + self.num_waiting - 1
-            left = budget if request in guarded else prefill_left
-            chunk = min(left, self.order.chunk_cap(request, others))
+            chunk = min(plan.cap(request), self.order.chunk_cap(request, others))
             num_new = min(request.num_tokens - num_computed, budget, chunk)
             while not bm.allocate_slots(request, num_new, hits):
                 if priority is not Priority.INTERACTIVE or not self._preempt_batch(scheduled, out):
@@ -313,7 +312,7 @@ class Scheduler:
             self.running.append(request)
             scheduled[request] = num_new
             budget -= num_new
-            prefill_left = max(0, prefill_left - num_new)
+            plan.take(request, num_new)
 
     def _fork_blocks(self, request: Request) -> list[int] | None:
         """The leading full prompt blocks a copy of an n > 1 request shares with the copy that
@@ -386,7 +385,7 @@ class Scheduler:
         Returns requests that got new tokens."""
         advanced: list[Request] = []
         k = 0
-        now = time.time()
+        now = self.clock()
         bm = self.block_manager
         for request, num_new in zip(out.requests, out.num_new_tokens):
             drafts = request.spec_token_ids

@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -132,11 +132,36 @@ class StepCostModel:
         return max(0, min(limit, int(p)))
 
 
+@dataclass(slots=True)
+class PrefillPlan:
+    """A step's prefill tokens: a prompt may take its own grant or what is left of the shared
+    pool, the larger; what it takes comes out of the pool (a grant is a floor, not an extra)."""
+
+    pool: int
+    grants: dict = field(default_factory=dict)  # Request -> its floor, pool or not
+    from_pool: dict = field(default_factory=dict)  # Request -> what it took of the pool
+
+    def cap(self, request) -> int:
+        return max(self.grants.get(request, 0), self.pool)
+
+    def take(self, request, tokens: int) -> None:
+        taken = min(tokens, self.pool)
+        self.from_pool[request] = taken
+        self.pool -= taken
+
+    def give_back(self, request) -> None:
+        """A preempted request's chunk: what it took of the pool is the pool's again."""
+        self.pool += self.from_pool.pop(request, 0)
+
+
 class PrefillPolicy:
-    """The scheduler's prefill allowance per step: while decodes run, as many prefill tokens as
-    keep the predicted step under `step_time_target_s` (TPOT holds), and never fewer than the
-    waiting prompt work needs to meet its deadlines (TTFT holds); a short interactive prompt
-    that has waited `ttft_guard_s` still gets the whole budget, for itself alone (guarded()).
+    """The scheduler's prefill tokens per step while decodes run (plan()): a shared pool of as
+    many as keep the predicted step under `step_time_target_s` (TPOT holds), and for each
+    prompt a grant of its own:
+    * a short prompt (under `ttft_prompt_tokens`): never less than its TTFT deadline needs,
+      and the whole budget once it is interactive and has waited `ttft_guard_s`;
+    * the long prompts (documents; no TTFT target), first come first served: the oldest one
+      gets `long_prompt_share` of the GPU's time beside the decodes, the others a token a step.
 
     Why the deadline term (docs/serving.md#latency-aware-prefill): with a target alone, a
     model whose decode step already takes the target (the 70B in FP8 at ~80 running: 36-46 ms
@@ -144,7 +169,20 @@ class PrefillPolicy:
     through in whole-budget steps: the bursts the target was meant to remove, plus TTFT lost
     waiting. Spreading each waiting prompt's remaining tokens over the steps left before its
     deadline forecasts the work instead: a prompt is never starved, and a step carries only
-    the share the deadlines ask for."""
+    the share the deadlines ask for.
+
+    Why per prompt: the scheduler serves running prompts before it admits waiting ones, so a
+    deadline share pooled over all of them went to a running long document first, and a short
+    prompt waiting behind it got nothing (benchmarks/schedule_sim.py on the 70B: batch prompts
+    of 1.6k tokens waited seconds while a 27k-token document took their share).
+
+    Why a share of time for documents, not a deadline by length: a 30k-token prompt costs a
+    70B about 10 s of an H200 (its attention grows with the square of its length), 0.8 s an
+    8B. A deadline at a fixed tokens per second asked the 70B for most of the GPU while one
+    ran and two at once for all of it: steps of 0.5-0.8 s and TPOT p95 of 90 ms for every
+    stream at 1 req/s of `seed` (simulated). A share bounds what documents take from the
+    decodes whatever their length and number; their first token comes when their work at that
+    share is done (sooner while the pool has room)."""
 
     def __init__(
         self,
@@ -153,72 +191,81 @@ class PrefillPolicy:
         ttft_guard_s: float,
         ttft_prompt_tokens: int,
         ttft_target_s: float = 0.8,
-        long_prompt_tokens_per_s: float = 4000.0,
+        long_prompt_share: float = 0.25,
         model: StepCostModel | None = None,
     ) -> None:
-        if ttft_target_s <= 0 or long_prompt_tokens_per_s <= 0:
-            raise ValueError("ttft_target_s and long_prompt_tokens_per_s must be positive")
+        if ttft_target_s <= 0 or not 0 < long_prompt_share < 1:
+            raise ValueError("need ttft_target_s > 0 and long_prompt_share in (0, 1)")
         self.step_time_target_s = step_time_target_s
         self.ttft_guard_s = ttft_guard_s
         self.ttft_prompt_tokens = ttft_prompt_tokens
         self.ttft_target_s = ttft_target_s
-        self.long_prompt_tokens_per_s = long_prompt_tokens_per_s
+        self.long_prompt_share = long_prompt_share
         self.model = model or StepCostModel()
 
-    def deadline_s(self, r) -> float:
-        """When r's first token is due: the TTFT target for a short interactive prompt; for a
-        long one (or a batch one) its length at `long_prompt_tokens_per_s`, at least that."""
-        if r.priority is Priority.INTERACTIVE and r.num_prompt_tokens < self.ttft_prompt_tokens:
-            budget = self.ttft_target_s
-        else:
-            budget = max(self.ttft_target_s, r.num_prompt_tokens / self.long_prompt_tokens_per_s)
-        return (r.arrival_time or 0.0) + budget
+    def is_long(self, r) -> bool:
+        return r.num_prompt_tokens >= self.ttft_prompt_tokens
 
-    def deadline_tokens(self, prefills: list, step_s: float, now: float) -> int:
-        """Prefill tokens this step so that every prompt in `prefills` finishes by its deadline
-        if each later step of `step_s` carries the same share: Σ remaining / steps left."""
-        need = 0.0
-        for r in prefills:
-            remaining = r.num_prompt_tokens - r.num_computed_tokens
-            if remaining <= 0:
-                continue
-            steps_left = max(1.0, (self.deadline_s(r) - now) / step_s)
-            need += remaining / steps_left
-        return math.ceil(need)
+    def deadline_share(self, r, step_s: float, now: float) -> int:
+        """A short prompt's tokens this step so that it finishes by its TTFT deadline if each
+        later step of `step_s` carries the same share: remaining / steps left (all when late)."""
+        remaining = r.num_prompt_tokens - r.num_computed_tokens
+        if remaining <= 0:
+            return 0
+        deadline = (r.arrival_time or 0.0) + self.ttft_target_s
+        steps_left = max(1.0, (deadline - now) / step_s)
+        return math.ceil(remaining / steps_left)
 
-    def guarded(self, prefills: list, now: float) -> set:
-        """The short interactive prompts among `prefills` that have waited past the guard: each
-        may take the step's whole budget for itself, while the others keep to allowance()'s
-        share (a 12k-token document's chunk riding such a step made it 0.6 s on a 70B)."""
-        return {
-            r
-            for r in prefills
-            if r.priority is Priority.INTERACTIVE
-            and r.num_prompt_tokens < self.ttft_prompt_tokens
+    def is_guarded(self, r, now: float) -> bool:
+        """A short interactive prompt that has waited past the guard: it may take the step's
+        whole budget, while the others keep to their grants and the pool (a 12k-token
+        document's chunk riding such a step made it 0.6 s on a 70B)."""
+        return (
+            r.priority is Priority.INTERACTIVE
+            and not self.is_long(r)
             and r.arrival_time is not None
             and now - r.arrival_time > self.ttft_guard_s
-        }
-
-    def allowance(self, decodes: list, prefills: list, budget: int, now: float) -> int:
-        """decodes: running requests with one pending token; prefills: requests that would
-        take prefill tokens this step (running ones first, then the waiting, in order). The
-        prefill tokens of the step for every prompt but the guarded() ones."""
-        if not decodes or not prefills or not self.model.fitted:
-            return budget
-        context = sum(r.num_tokens for r in decodes)
-        first = prefills[0].num_computed_tokens
-        allowed = self.model.max_prefill_tokens(
-            len(decodes), context, first, self.step_time_target_s, budget - len(decodes)
         )
+
+    def long_share_tokens(self, rows: int, context: int, computed: int, limit: int) -> int:
+        """The oldest long prompt's grant beside `rows` decodes of `context` keys: the tokens
+        whose time is `long_prompt_share` of the step's decode time and theirs. A step with a
+        chunk runs eagerly whatever its size, so that cost is not the document's (counted, a
+        model with a large one left documents a token a step, at that cost each)."""
+        decode_s = self.model.predict(StepFeatures(rows, context, 0, 0.0))
+        share = self.long_prompt_share
+        long_s = decode_s * share / (1 - share)
+        eager_s = float(self.model.weights[1])
+        target = decode_s + eager_s + long_s
+        return max(1, self.model.max_prefill_tokens(rows, context, computed, target, limit))
+
+    def plan(self, decodes: list, prefills: list, budget: int, now: float) -> PrefillPlan:
+        """decodes: running requests with one pending token; prefills: requests that would
+        take prefill tokens this step (running ones first, then the waiting, in order)."""
+        if not decodes or not prefills or not self.model.fitted:
+            return PrefillPlan(budget)
+        rows, context = len(decodes), sum(r.num_tokens for r in decodes)
+        limit = budget - rows
+        pool = self.model.max_prefill_tokens(
+            rows, context, prefills[0].num_computed_tokens, self.step_time_target_s, limit
+        )
+        decode_s = self.model.predict(StepFeatures(rows, context, 0, 0.0))
         # A step's time, at least the target (a model whose decodes alone take longer steps
         # has fewer steps left before each deadline).
-        step_s = max(
-            self.step_time_target_s,
-            self.model.predict(StepFeatures(len(decodes), context, 0, 0.0)),
-        )
-        needed = self.deadline_tokens(prefills, step_s, now)
-        # At least one token, so prompts always move (slowly) even under a tight target.
-        return max(1, min(budget - len(decodes), max(allowed, needed)))
+        step_s = max(self.step_time_target_s, decode_s)
+        grants, longs = {}, []
+        for r in prefills:
+            if self.is_long(r):
+                longs.append(r)
+                grants[r] = 1  # at least a token a step: a queued document still moves
+            elif self.is_guarded(r, now):
+                grants[r] = budget
+            else:  # at least one token, so prompts always move (slowly) under a tight target
+                grants[r] = max(1, self.deadline_share(r, step_s, now))
+        if longs:
+            head = min(longs, key=lambda r: (r.priority.rank, r.arrival_time or 0.0))
+            grants[head] = self.long_share_tokens(rows, context, head.num_computed_tokens, limit)
+        return PrefillPlan(pool, grants)
 
     def observe(self, features: StepFeatures | None, seconds: float) -> None:
         if features is not None:

@@ -40,6 +40,10 @@ ENGINE_FIELDS = (
     "num_waiting",
     "kv_usage",
     "kernel_compiles",  # Triton compilations during the step (each one stalls it)
+    # the step's cost-model features (engine/core/step_cost.py StepFeatures) beside num_decodes
+    # and num_tokens: a trace can refit the model offline (benchmarks/schedule_sim.py)
+    "decode_context",
+    "prefill_pairs",
 )
 
 

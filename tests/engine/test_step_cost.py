@@ -148,7 +148,8 @@ def test_without_a_target_or_a_fit_nothing_changes():
         results.append(tokens)
     assert results[0] == results[1]
     policy = PrefillPolicy(0.04, ttft_guard_s=0.3, ttft_prompt_tokens=4000)
-    assert policy.allowance([], [], 8192, time.time()) == 8192
+    plan = policy.plan([], [], 8192, time.time())
+    assert (plan.pool, plan.grants) == (8192, {})
 
 
 class _Req:
@@ -174,16 +175,14 @@ def test_a_target_the_decodes_already_exceed_still_moves_prompts_by_their_deadli
     policy = PrefillPolicy(target, ttft_guard_s=0.3, ttft_prompt_tokens=4000, model=model)
     now = time.time()
     fresh = _Req(2000)  # just arrived: its 2,000 tokens over ~0.8 s of steps
-    share = policy.allowance(decodes, [fresh], 8192, now)
+    plan = policy.plan(decodes, [fresh], 8192, now)
+    assert plan.pool == 0
     steps_left = (fresh.arrival_time + 0.8 - now) / decode_s
-    assert share == pytest.approx(2000 / steps_left, rel=0.05)
-    assert 1 < share < 2000
-    # A long document is due later (its length at 4,000 tok/s): a smaller share per step.
-    doc = _Req(20_000, batch=True)
-    assert 1 < policy.allowance(decodes, [doc], 8192, now) < 20_000 * decode_s / 0.8
+    assert plan.cap(fresh) == pytest.approx(2000 / steps_left, rel=0.05)
+    assert 1 < plan.cap(fresh) < 2000
     # Past its deadline (but not waited past the guard: a batch prompt), all that is left.
     late = _Req(3000, computed=1000, age_s=30.0, batch=True)
-    assert policy.allowance(decodes, [late], 8192, now) == 2000
+    assert policy.plan(decodes, [late], 8192, now).cap(late) == 2000
 
 
 def test_the_deadline_share_never_lowers_what_the_target_allows():
@@ -191,7 +190,51 @@ def test_the_deadline_share_never_lowers_what_the_target_allows():
     policy = PrefillPolicy(0.040, ttft_guard_s=0.3, ttft_prompt_tokens=4000, model=model)
     decodes = [_Req(1000) for _ in range(8)]
     allowed = model.max_prefill_tokens(8, 8000, 0, 0.040, limit=8192 - 8)
-    assert policy.allowance(decodes, [_Req(100)], 8192, time.time()) == allowed
+    short = _Req(100)
+    plan = policy.plan(decodes, [short], 8192, time.time())
+    assert plan.pool == allowed and plan.cap(short) == allowed
+
+
+def test_documents_take_their_share_of_the_gpu_oldest_first():
+    # Long prompts (no TTFT target) get long_prompt_share of the step's time beside the
+    # decodes, whatever their length and number: the oldest one; the others a token a step.
+    model = fitted_model()
+    decodes = [_Req(2000) for _ in range(200)]
+    decode_s = model.predict(StepFeatures(200, 400_000, 0, 0.0))
+    policy = PrefillPolicy(
+        decode_s * 0.9, ttft_guard_s=0.3, ttft_prompt_tokens=4000, long_prompt_share=0.25,
+        model=model,
+    )  # fmt: skip
+    old, new = _Req(30_000, computed=5_000, age_s=5.0), _Req(20_000, age_s=1.0)
+    plan = policy.plan(decodes, [new, old], 8192, time.time())
+    assert plan.pool == 0 and plan.cap(new) == 1
+    tokens = plan.cap(old)
+    with_doc = model.predict(StepFeatures(200, 400_000, tokens, chunk_pairs(tokens, 5_000)))
+    eager_s = model.weights[1]  # a step with any chunk pays it: not the document's share
+    assert with_doc - eager_s - decode_s == pytest.approx(decode_s / 3, rel=0.05)  # 25 %
+    # A later share for a document that waited longer does not grow: time, not a deadline.
+    older = _Req(30_000, computed=5_000, age_s=60.0)
+    assert policy.plan(decodes, [older], 8192, time.time()).cap(older) == tokens
+
+
+def test_a_running_document_leaves_a_waiting_prompt_its_share():
+    # Running prompts are served before waiting ones are admitted: a deadline share pooled over
+    # both went to the document first and a short batch prompt behind it waited (simulated on
+    # the 70B: seconds). Each prompt's grant is its own.
+    engine, decode = _eight_decoding(
+        max_num_batched_tokens=8192, max_model_len=16384, num_kv_blocks=2048
+    )
+    policy = engine.prefill_policy
+    policy.step_time_target_s = 0.001  # the decodes alone pass it: no pool, grants only
+    engine.add_request("doc", [7] * 12000, decode, "batch")
+    engine.step()
+    engine.add_request("chat", list(range(500, 2500)), decode, "batch", arrival_time=time.time())
+    engine.step()
+    running = {r.request_id: r for r in engine.scheduler.running}
+    assert "chat" in running
+    f = engine.scheduler.last_features
+    decode_s = policy.model.predict(StepFeatures(f.decodes, f.decode_context, 0, 0.0))
+    assert running["chat"].num_computed_tokens >= 0.9 * 2000 * decode_s / 0.8
 
 
 def _seats_over_refits(monkeypatch, prior_steps: int) -> list[int]:

@@ -330,7 +330,7 @@ def test_every_published_stat_reads_back_typed_on_the_internal_route():
     # would fail the whole route (int("0.300")).
     from api.routes.internal import _typed
 
-    eng = engine(step_time_target_s=0.035)
+    eng = engine(step_time_target_s=0.035, prefill_ttft_guard_s=0.3)  # a float, not 0
     run(eng, 2)
     budget = intake_budget(eng, fitted_prices(), report(), settings())
     fields = budget.fields() | report().fields()

@@ -303,12 +303,13 @@ def _prefill_outlook(engine: LLMEngine, prices: StepPrices) -> dict:
     long_chunk = min(chunk, scheduler.order.long_chunk or chunk)
     policy = engine.prefill_policy
     if policy is not None and policy.model.fitted and num_running:
-        # A long prompt is never guarded: while decodes run it gets what the target allows
-        # (on the H200 an 8B's 18-20k-token documents took 1.4-1.6 s against forecasts of
-        # 0.7-0.8 s priced at whole-budget chunks).
+        # A long prompt is never guarded: while decodes run it gets what the target allows or
+        # its share of the GPU, the larger (PrefillPolicy.plan; on the H200 an 8B's 18-20k-token
+        # documents took 1.4-1.6 s against forecasts of 0.7-0.8 s priced at whole-budget chunks).
         allowed = policy.model.max_prefill_tokens(
             num_running, context, 0, policy.step_time_target_s, chunk
         )
+        allowed = max(allowed, policy.long_share_tokens(num_running, context, 0, chunk))
         long_chunk = min(long_chunk, max(1, allowed))
     return {
         "prefill_step_s": prices.prefill_step_s(num_running, context),
