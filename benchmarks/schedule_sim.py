@@ -6,8 +6,9 @@
 # measured GPU gives its shape (StepFeatures: decodes, their context, prompt tokens, causal
 # pairs) times a lognormal jitter, and every sampled token is one placeholder id, so outputs
 # run to their exact lengths as the benchmarks' ignore_eos requests do. The latency-aware
-# policy fits its own cost model online from the simulated times, as it does from measured
-# ones. Requests come out as fleetlm/bench/latency.py's records: the report has the shape of
+# policy is calibrated on the start-up shapes (engine/runner/step_calibration.py) and then fits
+# its cost model online from the simulated times, as the engine does from measured ones.
+# Requests come out as fleetlm/bench/latency.py's records: the report has the shape of
 # `fleetlm bench serve --backend engine`'s (the bare engine's).
 #
 # Left out: the served path's Redis queue and the worker's intake (the seat rule, admission),
@@ -36,6 +37,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.request import Priority, Request
 from engine.core.step_cost import StepCostModel, StepFeatures
 from engine.llm_engine import build_scheduler
+from engine.runner.step_calibration import calibration_shapes, shape_features
 from engine.sampling_params import SamplingParams
 from fleetlm.bench.latency import RequestRecord, Targets, summarize
 from fleetlm.bench.workloads import TRAFFIC, generate
@@ -132,6 +134,13 @@ def simulate(
                       config.enable_prefix_caching)  # fmt: skip
     scheduler = build_scheduler(config, bm, (), clock=lambda: now[0])
     rng = random.Random(seed)
+    policy = scheduler.prefill_policy
+    if policy is not None and config.calibrate_step_costs:  # as the engine does at start-up
+        shapes = calibration_shapes(config.max_num_batched_tokens, 32_768, config.max_num_seqs)
+        policy.model.calibrate([
+            (f, costs.seconds(f) * math.exp(rng.gauss(0.0, jitter)))
+            for f in (shape_features(*shape) for shape in shapes)
+        ])  # fmt: skip
     arrivals = deque(sorted(enumerate(requests), key=lambda ir: ir[1].arrival_s))
     records: dict[str, RequestRecord] = {}
     step_s: list[float] = []
@@ -163,8 +172,8 @@ def simulate(
             for r, n in zip(out.requests, out.num_new_tokens)
             if r.num_computed_tokens + n == r.num_tokens
         ]
-        if scheduler.prefill_policy is not None:
-            scheduler.prefill_policy.observe(out.features, seconds)
+        if policy is not None:
+            policy.observe(out.features, seconds)
         for request in scheduler.update_from_output(out, sampled):
             rec = records[request.request_id]
             if rec.first_token_s is None:

@@ -25,6 +25,7 @@ from engine.outputs import EngineStats, RequestDelta
 from engine.parallel.tp_followers import start_tensor_parallel
 from engine.runner.overlap import OverlapSteps, Unsynced
 from engine.runner.runner_setup import build_runner, resolve_device, resolve_dtype
+from engine.runner.step_calibration import calibrate_step_costs
 from engine.runner.step_trace import StepTrace
 from engine.sampling.sampler import HostCopy
 from engine.sampling_params import SamplingParams
@@ -82,6 +83,15 @@ class LLMEngine:
         )
         self.scheduler = build_scheduler(config, self.block_manager, eos)
         self.prefill_policy = self.scheduler.prefill_policy
+        self.calibration_report: dict | None = None
+        if self.prefill_policy is not None and config.calibrate_step_costs:
+            try:
+                self.calibration_report = calibrate_step_costs(
+                    self.runner, self.prefill_policy.model
+                )
+            except BaseException:
+                self.shutdown()
+                raise
         self.speculator: Speculator | None = None
         if config.speculative_method == "ngram":
             proposer = NgramProposer(config.ngram_min, config.ngram_max)

@@ -117,6 +117,7 @@ class Settings(BaseSettings):
     # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
     # this target (None: off, each step may fill max_num_batched_tokens with prefill).
     step_time_target_s: float | None = None
+    calibrate_step_costs: bool = True  # with a target: time chosen steps at start-up
     prefill_ttft_guard_s: float = 0.0
     ttft_prompt_tokens: int = 4000
     ttft_target_s: float = Field(0.8, gt=0)  # with a target: when a short prompt's token is due

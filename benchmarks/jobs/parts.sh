@@ -52,11 +52,11 @@ serve70_as() {  # results under $R/$1
   stamp "$1 rc=$?"; grep -E "req/s|goodput|forecast|predicted|refused|503|slowest" "$R/$1/bench.log" | tail -20
 }
 
-part_serve70_goodput() {  # issue 35: the 70B FP8 at rates around the plan's forecast, no
-  # admission bound (refusals would count as misses), 60 s per rate
+part_serve70_goodput() {  # issue 35: the 70B FP8 at rates around the forecasts, no
+  # admission bound (refusals would count as misses), 120 s per rate (GOODPUT70_S)
   OUT=$R/serve70_goodput benchmarks/device_serve.sh --launch --model llama-3.1-70b \
     --server-env FLEETLM_QUANTIZATION=fp8 --server-env FLEETLM_KV_CACHE_DTYPE=fp8 \
-    $(serve_env_args) --rates "$(rates "${GOODPUT70:-0.7 1}")" --duration 60 --no-stop-on-miss \
+    $(serve_env_args) --rates "$(rates "${GOODPUT70:-0.7 1}")" --duration "${GOODPUT70_S:-120}" --no-stop-on-miss \
     --json "$R/serve70_goodput/serve.json" > "$R/serve70_goodput.log" 2>&1
   stamp "serve70_goodput rc=$?"; grep -E "req/s|goodput|refused|503" "$R/serve70_goodput/bench.log" | tail -12
 }

@@ -61,6 +61,9 @@ class StepCostModel:
         self.refit_every = refit_every
         self._x = np.zeros((window, NUM_FEATURES))
         self._y = np.zeros(window)
+        # The start-up calibration's steps (calibrate()): in every fit, never displaced
+        self._fixed_x = np.zeros((0, NUM_FEATURES))
+        self._fixed_y = np.zeros(0)
         self.num_observed = 0
         self.weights: np.ndarray | None = None  # [NUM_FEATURES], None until fitted
 
@@ -79,9 +82,23 @@ class StepCostModel:
         if n >= self.min_samples and (self.weights is None or n % self.refit_every == 0):
             self._fit()
 
+    def calibrate(self, samples: list[tuple[StepFeatures, float]]) -> None:
+        """Measured steps of chosen shapes (engine/runner/step_calibration.py), kept in every
+        later fit beside the window: the served steps alone are the shapes the policy lets
+        happen, and along the directions they leave open (a document's chunk the model has
+        priced too high stays small, so its cost is never measured) the fit can settle
+        anywhere. Fits at once."""
+        good = [(f, s) for f, s in samples if math.isfinite(s) and s > 0]
+        if len(good) < NUM_FEATURES:
+            raise ValueError("need a measured step per feature at least")
+        self._fixed_x = np.array([f.vector() for f, _ in good])
+        self._fixed_y = np.array([s for _, s in good])
+        self._fit()
+
     def _fit(self) -> None:
         n = min(self.num_observed, self.window)
-        x, y = self._x[:n], self._y[:n]
+        x = np.vstack([self._x[:n], self._fixed_x])
+        y = np.concatenate([self._y[:n], self._fixed_y])
         # Columns that never vary carry no information (e.g. no prefill seen yet): fit the rest.
         active = [0] + [j for j in range(1, NUM_FEATURES) if np.ptp(x[:, j]) > 0]
         prior = self.weights

@@ -147,10 +147,10 @@ class BatchBuilder:
             if found.num_groups:
                 groups = found.rows.shape
                 parts += [found.rows.ravel(), found.prefix_lens, found.key_start]
-                splits = self._decode_splits((header[:nd] - found.key_start).tolist())
+                splits = self.decode_splits((header[:nd] - found.key_start).tolist())
                 prefix_splits = self._prefix_splits(found.num_groups, int(found.prefix_lens.max()))
         if groups is None:
-            splits = self._decode_splits(seq_lens[:nd])
+            splits = self.decode_splits(seq_lens[:nd])
         return PackedBatch(
             i64=np.array(
                 tokens + positions + slots + logits_indices + fed_rows + fed_from, dtype=np.int64
@@ -216,7 +216,7 @@ class BatchBuilder:
             fed_from=i64[end + f :] if f else None,
         )
 
-    def _decode_splits(self, decode_lens: list[int]) -> int | None:
+    def decode_splits(self, decode_lens: list[int]) -> int | None:
         """Eager steps' decode split count, balanced for rows of mixed lengths (the kernel's
         own choice sees only the longest row). The CPU path does not split."""
         if self.device.type != "cuda" or not decode_lens:

@@ -69,13 +69,18 @@ def warmup_steps(
 
 
 def pack(
-    step: WarmupStep, block_size: int, num_blocks: int, max_model_len: int, max_rows: int = 16
+    step: WarmupStep,
+    block_size: int,
+    num_blocks: int,
+    max_model_len: int,
+    max_rows: int = 16,
+    decode_context: int = DECODE_CONTEXT,
 ) -> PackedBatch:
-    """The step as BatchBuilder.pack would lay it out: decodes first (DECODE_CONTEXT keys, at
+    """The step as BatchBuilder.pack would lay it out: decodes first (decode_context keys, at
     most max_model_len), token 0 everywhere, slots -1 (nothing stored), block tables 0, 1, 2 ...
     (clamped to the pool); with prefix_splits the decodes (same tables) are one group of a
     max_rows bucket sharing their whole blocks before the last key."""
-    context = min(DECODE_CONTEXT, max_model_len)
+    context = min(decode_context, max_model_len)
     lens = [(1, context - 1)] * step.num_decodes + list(step.chunks)
     positions, seq_lens, starts = [], [], [0]
     for q, before in lens:

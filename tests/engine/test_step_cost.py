@@ -74,6 +74,7 @@ def test_the_allowance_keeps_the_predicted_step_under_the_target():
 
 def _engine(target: float | None, **options) -> LLMEngine:
     options.setdefault("num_kv_blocks", 512)
+    options.setdefault("calibrate_step_costs", False)  # the tests bring their own model
     return LLMEngine(EngineConfig(model="tiny", device="cpu", step_time_target_s=target, **options))
 
 
@@ -270,3 +271,41 @@ def test_refits_of_a_pinned_running_set_keep_the_split_between_fixed_and_row_cos
     assert 0.8 * truth <= spread[0] and spread[1] <= 1.2 * truth, spread
     free = _seats_over_refits(monkeypatch, prior_steps=0)
     assert max(free) - min(free) > 2 * (max(anchored) - min(anchored)), (min(free), max(free))
+
+
+def test_calibration_prices_what_the_served_steps_never_show():
+    # Served steps that always carry the same chunk shape (here 300 tokens after a 1,200-token
+    # cached prompt) cannot tell its tokens, its attention pairs and the eager cost apart: a
+    # document's 1,024-token chunk after 16k cached tokens is then priced anywhere. The
+    # start-up calibration's shapes (engine/runner/step_calibration.py) pin each direction.
+    from engine.runner.step_calibration import calibration_shapes, shape_features
+
+    rng = random.Random(1)
+    online = []
+    for _ in range(2048):
+        decodes = rng.randint(1, 64)
+        chunk = 300 if rng.random() < 0.2 else 0
+        f = StepFeatures(decodes, decodes * rng.randint(500, 3000), chunk,
+                         chunk_pairs(chunk, 1200) if chunk else 0.0)  # fmt: skip
+        online.append((f, true_time(f) * (1 + rng.uniform(-0.02, 0.02))))
+    doc = StepFeatures(16, 16 * 2048, 1024, chunk_pairs(1024, 16_384))
+
+    def doc_error(calibrated: bool) -> float:
+        model = StepCostModel()
+        if calibrated:
+            shapes = calibration_shapes(4096, 32_768, 256)
+            model.calibrate([(shape_features(*s), true_time(shape_features(*s))) for s in shapes])
+        for f, seconds in online:
+            model.observe(f, seconds)
+        return abs(model.predict(doc) / true_time(doc) - 1)
+
+    assert doc_error(calibrated=True) < 0.05
+    assert doc_error(calibrated=False) > 0.2
+
+
+def test_an_engine_with_a_target_starts_calibrated():
+    engine = _engine(0.040, calibrate_step_costs=True, max_model_len=4096)
+    report = engine.calibration_report
+    assert engine.prefill_policy.model.fitted and report["steps"] >= 10
+    assert engine.prefill_policy.model.predict(StepFeatures(16, 16 * 2048, 0, 0.0)) > 0
+    assert _engine(None, calibrate_step_costs=True).calibration_report is None  # no target

@@ -1,0 +1,88 @@
+# Start-up calibration of the latency-aware prefill's step-cost model (engine/core/step_cost.py):
+# synthetic steps of chosen shapes, run the way serving runs them (decode-only steps from the
+# CUDA graphs, steps with a prompt chunk from the graph pieces or eagerly) and timed on the
+# device, go into the model as steps it keeps in every later fit (StepCostModel.calibrate).
+#
+# Why: fit only online, the model sees the steps the policy lets happen. Simulated on the 70B
+# (benchmarks/schedule_sim.py), the online fit priced a long document's causal attention ~8x
+# its cost (its pairs and its tokens rise together in short prompts' chunks): the document's
+# share bought 5 tokens a step, so its cost was never measured at a size that would correct it.
+# The shapes below vary each feature on its own: the decode rows at three contexts, the chunk's
+# tokens with and without a long cached prefix (its attention pairs), with and without decodes.
+#
+# The steps are the kernel warm-up's kind (engine/runner/kernel_warmup.py): padding slots, so
+# nothing is written to the KV pool, and block tables over its first blocks, read only, before
+# any request owns them. Under tensor parallelism every rank runs each step (broadcast first).
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.core.step_cost import StepCostModel, StepFeatures, chunk_pairs
+from engine.runner.kernel_warmup import WarmupStep, pack
+
+DECODE_ROWS = (1, 16, 64, 128, 256)
+DECODE_CONTEXTS = (512, 2048, 8192)
+# (query tokens, cached tokens before them) beside MIXED_ROWS decodes of MIXED_CONTEXT keys
+CHUNKS = ((64, 0), (256, 1024), (1024, 0), (2048, 0), (512, 8192), (1024, 16384))
+MIXED_ROWS, MIXED_CONTEXT = 16, 2048
+REPEATS = 2  # each shape's time: the faster of two runs
+
+
+def calibration_shapes(
+    max_tokens: int, max_model_len: int, max_num_seqs: int
+) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+    """(decode rows, their context, prompt chunks) of every calibration step that can happen
+    under these limits: decodes alone at each row count and context, each chunk beside
+    MIXED_ROWS decodes and alone, and a short chunk beside the most rows."""
+    shapes = [(n, c, ()) for n in DECODE_ROWS for c in DECODE_CONTEXTS]
+    shapes += [(MIXED_ROWS, MIXED_CONTEXT, (chunk,)) for chunk in CHUNKS]
+    shapes += [(0, 0, (chunk,)) for chunk in CHUNKS[2:4]]
+    shapes.append((max_num_seqs, MIXED_CONTEXT, CHUNKS[1:2]))
+    return [
+        (n, c, chunks) for n, c, chunks in dict.fromkeys(shapes)
+        if 0 < n + sum(q for q, _ in chunks) <= max_tokens and n <= max_num_seqs
+        and c <= max_model_len and all(q + p <= max_model_len for q, p in chunks)
+    ]  # fmt: skip
+
+
+def shape_features(rows: int, context: int, chunks) -> StepFeatures:
+    """The StepFeatures the scheduler would give such a step (scheduler._features)."""
+    tokens = sum(q for q, _ in chunks)
+    pairs = sum(chunk_pairs(q, p) for q, p in chunks)
+    return StepFeatures(rows, rows * context, tokens, pairs)
+
+
+@torch.inference_mode()
+def calibrate_step_costs(runner, model: StepCostModel) -> dict:
+    """Time every calibration shape on `runner` and calibrate `model` with them. Returns what
+    it ran and how long it took."""
+    t0 = time.perf_counter()
+    cfg = runner.config
+    shapes = calibration_shapes(cfg.max_num_batched_tokens, runner.max_model_len,
+                                cfg.max_num_seqs)  # fmt: skip
+    cuda = runner.device.type == "cuda"
+    samples = []
+    for rows, context, chunks in shapes:
+        splits = runner.batch_builder.decode_splits([context] * rows) if rows else None
+        step = WarmupStep(rows, splits, chunks)
+        packed = pack(step, runner.block_size, runner.num_blocks, runner.max_model_len,
+                      decode_context=context)  # fmt: skip
+        best = float("inf")
+        for _ in range(REPEATS):
+            if runner.tp.size > 1:
+                runner.tp.broadcast(packed.for_followers())
+            batch = runner.batch_builder.to_device(packed)
+            if cuda:
+                torch.cuda.synchronize(runner.device)
+            start = time.perf_counter()
+            logits = runner._logits(batch)
+            logits.argmax(dim=-1)  # the step's sampling, at its cheapest
+            if cuda:
+                torch.cuda.synchronize(runner.device)
+            best = min(best, time.perf_counter() - start)
+        samples.append((shape_features(rows, context, chunks), best))
+    model.calibrate(samples)
+    return {"steps": len(samples), "seconds": time.perf_counter() - t0,
+            "weights": [float(w) for w in model.weights]}  # fmt: skip
