@@ -173,6 +173,11 @@ class GpuWorker:
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
+        calibration = getattr(self.engine, "calibration_report", None)
+        if calibration:  # the step-cost model's start-up fit (engine/runner/step_calibration.py)
+            log.info("step costs calibrated: %d steps in %.1f s, weights %s",
+                     calibration["steps"], calibration["seconds"],
+                     " ".join(f"{w:.3g}" for w in calibration["weights"]))  # fmt: skip
         try:
             while not self.stopping.is_set():
                 self.control.run_pending()  # /reset_prefix_cache, /start_profile, ...
