@@ -7,18 +7,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
-from engine.core.prefill_order import PrefillOrder
 from engine.core.request import Priority, Request, RequestStatus
 from engine.core.request_group import RequestGroup, copy_id, copy_params
 from engine.core.request_intake import new_request
-from engine.core.scheduler import Scheduler, SchedulerOutput
-from engine.core.step_cost import PrefillPolicy
+from engine.core.scheduler import SchedulerOutput, build_scheduler
 from engine.core.step_outputs import flush_text, new_tokens_delta, request_delta
 from engine.models.config import resolve_model_config
 from engine.outputs import EngineStats, RequestDelta
@@ -450,37 +448,3 @@ class LLMEngine:
             spec_decode_num_accepted_tokens=self.scheduler.num_spec_accepted_tokens,
             kernel_compiles=compile_counter.count() - self._compiles_at_ready,
         )
-
-
-def build_scheduler(
-    config: EngineConfig,
-    block_manager: BlockManager,
-    eos_token_ids: tuple[int, ...],
-    clock: Callable[[], float] = time.time,
-) -> Scheduler:
-    """The scheduler of an engine with `config`: its prefill policy (with a step-time target)
-    and prefill order. benchmarks/schedule_sim.py builds the same one on a virtual clock."""
-    policy = None
-    if config.step_time_target_s is not None:
-        policy = PrefillPolicy(
-            config.step_time_target_s,
-            ttft_guard_s=config.prefill_ttft_guard_s,
-            ttft_target_s=config.ttft_target_s,
-            long_prompt_share=config.long_prompt_share,
-            ttft_prompt_tokens=config.ttft_prompt_tokens,
-        )
-    return Scheduler(
-        block_manager,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        eos_token_ids=eos_token_ids,
-        prefill_policy=policy,
-        prefill_order=PrefillOrder(
-            config.max_num_batched_tokens,
-            config.max_num_seqs,
-            short_first=config.short_prefill_first,
-            long_prompt_tokens=config.ttft_prompt_tokens,
-            long_chunk=config.long_prefill_chunk,
-        ),
-        clock=clock,
-    )

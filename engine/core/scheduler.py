@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.prefill_order import PrefillOrder
 from engine.core.request import Priority, Request, RequestStatus
@@ -64,7 +65,7 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.block_manager = block_manager
-        # time.time() in the engine; a virtual clock in benchmarks/schedule_sim.py
+        # time.time() in the engine; a virtual clock in fleetlm/bench/schedule_sim.py
         self.clock = clock
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -468,3 +469,37 @@ def _clear_drafts(request: Request) -> None:
     request.spec_token_ids = []
     request.spec_draft_probs = None
     request.spec_slots = 0
+
+
+def build_scheduler(
+    config: EngineConfig,
+    block_manager: BlockManager,
+    eos_token_ids: tuple[int, ...],
+    clock: Callable[[], float] = time.time,
+) -> Scheduler:
+    """The scheduler of an engine with `config`: its prefill policy (with a step-time target)
+    and prefill order. fleetlm/bench/schedule_sim.py builds the same one on a virtual clock."""
+    policy = None
+    if config.step_time_target_s is not None:
+        policy = PrefillPolicy(
+            config.step_time_target_s,
+            ttft_guard_s=config.prefill_ttft_guard_s,
+            ttft_target_s=config.ttft_target_s,
+            long_prompt_share=config.long_prompt_share,
+            ttft_prompt_tokens=config.ttft_prompt_tokens,
+        )
+    return Scheduler(
+        block_manager,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        eos_token_ids=eos_token_ids,
+        prefill_policy=policy,
+        prefill_order=PrefillOrder(
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            short_first=config.short_prefill_first,
+            long_prompt_tokens=config.ttft_prompt_tokens,
+            long_chunk=config.long_prefill_chunk,
+        ),
+        clock=clock,
+    )

@@ -190,7 +190,7 @@ class PrefillPolicy:
 
     Why per prompt: the scheduler serves running prompts before it admits waiting ones, so a
     deadline share pooled over all of them went to a running long document first, and a short
-    prompt waiting behind it got nothing (benchmarks/schedule_sim.py on the 70B: batch prompts
+    prompt waiting behind it got nothing (fleetlm/bench/schedule_sim.py on the 70B: batch prompts
     of 1.6k tokens waited seconds while a 27k-token document took their share).
 
     Why a share of time for documents, not a deadline by length: a 30k-token prompt costs a

@@ -4,11 +4,10 @@
 # device, go into the model as steps it keeps in every later fit (StepCostModel.calibrate).
 #
 # Why: fit only online, the model sees the steps the policy lets happen. Simulated on the 70B
-# (benchmarks/schedule_sim.py), the online fit priced a long document's causal attention ~8x
+# (fleetlm/bench/schedule_sim.py), the online fit priced a long document's causal attention ~8x
 # its cost (its pairs and its tokens rise together in short prompts' chunks): the document's
 # share bought 5 tokens a step, so its cost was never measured at a size that would correct it.
-# The shapes below vary each feature on its own: the decode rows at three contexts, the chunk's
-# tokens with and without a long cached prefix (its attention pairs), with and without decodes.
+# The shapes (engine/core/calibration_shapes.py) vary each feature on its own.
 #
 # The steps are the kernel warm-up's kind (engine/runner/kernel_warmup.py): padding slots, so
 # nothing is written to the KV pool, and block tables over its first blocks, read only, before
@@ -19,39 +18,11 @@ import time
 
 import torch
 
-from engine.core.step_cost import StepCostModel, StepFeatures, chunk_pairs
+from engine.core.calibration_shapes import calibration_shapes, shape_features
+from engine.core.step_cost import StepCostModel
 from engine.runner.kernel_warmup import WarmupStep, pack
 
-DECODE_ROWS = (1, 16, 64, 128, 256)
-DECODE_CONTEXTS = (512, 2048, 8192)
-# (query tokens, cached tokens before them) beside MIXED_ROWS decodes of MIXED_CONTEXT keys
-CHUNKS = ((64, 0), (256, 1024), (1024, 0), (2048, 0), (512, 8192), (1024, 16384))
-MIXED_ROWS, MIXED_CONTEXT = 16, 2048
 REPEATS = 2  # each shape's time: the faster of two runs
-
-
-def calibration_shapes(
-    max_tokens: int, max_model_len: int, max_num_seqs: int
-) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
-    """(decode rows, their context, prompt chunks) of every calibration step that can happen
-    under these limits: decodes alone at each row count and context, each chunk beside
-    MIXED_ROWS decodes and alone, and a short chunk beside the most rows."""
-    shapes = [(n, c, ()) for n in DECODE_ROWS for c in DECODE_CONTEXTS]
-    shapes += [(MIXED_ROWS, MIXED_CONTEXT, (chunk,)) for chunk in CHUNKS]
-    shapes += [(0, 0, (chunk,)) for chunk in CHUNKS[2:4]]
-    shapes.append((max_num_seqs, MIXED_CONTEXT, CHUNKS[1:2]))
-    return [
-        (n, c, chunks) for n, c, chunks in dict.fromkeys(shapes)
-        if 0 < n + sum(q for q, _ in chunks) <= max_tokens and n <= max_num_seqs
-        and c <= max_model_len and all(q + p <= max_model_len for q, p in chunks)
-    ]  # fmt: skip
-
-
-def shape_features(rows: int, context: int, chunks) -> StepFeatures:
-    """The StepFeatures the scheduler would give such a step (scheduler._features)."""
-    tokens = sum(q for q, _ in chunks)
-    pairs = sum(chunk_pairs(q, p) for q, p in chunks)
-    return StepFeatures(rows, rows * context, tokens, pairs)
 
 
 @torch.inference_mode()

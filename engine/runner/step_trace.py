@@ -41,7 +41,7 @@ ENGINE_FIELDS = (
     "kv_usage",
     "kernel_compiles",  # Triton compilations during the step (each one stalls it)
     # the step's cost-model features (engine/core/step_cost.py StepFeatures) beside num_decodes
-    # and num_tokens: a trace can refit the model offline (benchmarks/schedule_sim.py)
+    # and num_tokens: a trace can refit the model offline (fleetlm/bench/schedule_sim.py)
     "decode_context",
     "prefill_pairs",
 )

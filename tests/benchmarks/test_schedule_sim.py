@@ -1,4 +1,4 @@
-# benchmarks/schedule_sim.py: the engine's scheduler on a virtual clock. Every request ends, the
+# fleetlm/bench/schedule_sim.py: the engine's scheduler on a virtual clock. Every request ends, the
 # clock is the steps' modelled times, the latency-aware policy bounds what documents take from
 # the decodes, and a step trace's costs are recovered by the fit.
 import json
@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 
-from benchmarks.schedule_sim import STEP_COSTS, StepCosts, fit_trace, parse_settings, simulate
+from benchmarks.schedule_sim import parse_settings
 from engine.config import EngineConfig
 from engine.core.step_cost import StepFeatures, chunk_pairs
+from fleetlm.bench.schedule_sim import STEP_COSTS, StepCosts, fit_trace, simulate
 from fleetlm.bench.workloads import SEED_TRAFFIC, BenchRequest, generate
 
 COSTS_70B = STEP_COSTS["llama-3.1-70b-fp8-h200"]
