@@ -9,29 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 from engine.config import EngineConfig
 from fleetlm.bench.latency import Targets, summarize
-from fleetlm.bench.schedule_sim import STEP_COSTS, fit_trace, simulate
+from fleetlm.bench.schedule_sim import STEP_COSTS, fit_trace, parse_settings, simulate
 from fleetlm.bench.workloads import TRAFFIC, generate
-
-
-def parse_settings(pairs: list[str]) -> dict:
-    """["step_time_target_s=0.035", ...] → EngineConfig keyword arguments."""
-    known = {f.name for f in fields(EngineConfig)}
-    settings = {}
-    for pair in pairs:
-        key, _, raw = pair.partition("=")
-        if key not in known:
-            raise ValueError(f"{key!r} is not an EngineConfig field")
-        low = raw.strip().lower()
-        if low in ("none", "true", "false"):
-            settings[key] = {"none": None, "true": True, "false": False}[low]
-        else:
-            settings[key] = float(raw) if any(c in raw for c in ".e") else int(raw)
-    return settings
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -1,4 +1,5 @@
-# `fleetlm plan`: size a replica for a model and workload. Pure arithmetic; imports no torch.
+# `fleetlm plan`: size a replica for a model and workload. Pure arithmetic (--simulate adds the
+# engine's scheduler on a virtual clock); imports no torch.
 # CLI units are the ones people quote (GB, TB/s, TFLOP/s, ms); the Python API uses SI.
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fleetlm.capacity import (
     make_plan,
     plan_json,
     plan_table,
+    simulated_table,
 )
 
 
@@ -105,6 +107,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a long prompt's slice per step (default %(default)s)",
     )
 
+    sim = p.add_argument_group("the forecast by simulation (fleetlm/capacity/simulated.py)")
+    sim.add_argument(
+        "--simulate",
+        action="store_true",
+        help="also run the engine's scheduler on a virtual clock, steps priced as FORECAST's, "
+        "and bisect the rate (minutes: one simulated run per probed rate)",
+    )
+    sim.add_argument(
+        "--simulate-seconds",
+        type=float,
+        default=300.0,
+        help="seconds of arrivals per simulated rate (default %(default)s)",
+    )
+    sim.add_argument(
+        "--engine-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="an engine setting for the simulation, e.g. step_time_target_s=0.03",
+    )
+
     slo = p.add_argument_group("targets (default: the workload's)")
     slo.add_argument("--ttft-ms", type=float)
     slo.add_argument("--tpot-ms", type=float)
@@ -177,8 +200,25 @@ def run(args: argparse.Namespace) -> int:
             target_output_tok_s=args.target_tok_s,
             profile=profile,
         )
+        simulated = None
+        if args.simulate:  # imported here: the plain plan stays pure arithmetic
+            from fleetlm.bench.schedule_sim import parse_settings
+            from fleetlm.capacity.simulated import simulated_forecast
+
+            simulated = simulated_forecast(
+                plan.deployment,
+                workload,
+                plan.memory.kv_tokens,
+                profile,
+                first_rate=plan.forecast.rate_req_s or 1.0,
+                engine=parse_settings(args.engine_set),
+                duration_s=args.simulate_seconds,
+            )
     except ValueError as e:
         print(f"fleetlm plan: error: {e}", file=sys.stderr)
         return 2
-    print(plan_json(plan) if args.json else plan_table(plan))
+    if args.json:
+        print(plan_json(plan, simulated))
+    else:
+        print(plan_table(plan) + (simulated_table(simulated) if simulated else ""))
     return 0

@@ -24,7 +24,7 @@ import json
 import math
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -194,3 +194,19 @@ def simulate(
         "prefix_hit_rate": bm.prefix_cache_hits / max(bm.prefix_cache_queries, 1),
     }  # fmt: skip
     return sorted(records.values(), key=lambda r: r.index), steps
+
+
+def parse_settings(pairs: list[str]) -> dict:
+    """["step_time_target_s=0.035", ...] → EngineConfig keyword arguments."""
+    known = {f.name for f in fields(EngineConfig)}
+    settings = {}
+    for pair in pairs:
+        key, _, raw = pair.partition("=")
+        if key not in known:
+            raise ValueError(f"{key!r} is not an EngineConfig field")
+        low = raw.strip().lower()
+        if low in ("none", "true", "false"):
+            settings[key] = {"none": None, "true": True, "false": False}[low]
+        else:
+            settings[key] = float(raw) if any(c in raw for c in ".e") else int(raw)
+    return settings

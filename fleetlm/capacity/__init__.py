@@ -13,7 +13,7 @@ from fleetlm.capacity.forecast import (
 from fleetlm.capacity.gpus import GPUS, GpuSpec, get_gpu, parse_gpus
 from fleetlm.capacity.memory import DoesNotFit, MemoryPlan, Reserve, memory_plan
 from fleetlm.capacity.plan import Plan, make_plan
-from fleetlm.capacity.report import plan_json, plan_table
+from fleetlm.capacity.report import plan_json, plan_table, simulated_table
 from fleetlm.capacity.roofline import (
     Floor,
     achieved_over_roofline,
@@ -67,5 +67,6 @@ __all__ = [
     "prefill_seconds",
     "roofline_decode_tok_s",
     "roofline_prefill_tok_s",
+    "simulated_table",
     "steady_step",
 ]

@@ -13,7 +13,9 @@ from fleetlm.capacity.roofline import Floor
 Row = tuple[str, str, str]
 
 
-def plan_json(plan: Plan) -> str:
+def plan_json(plan: Plan, simulated=None) -> str:
+    """The plan as JSON; `simulated`: a SimulatedForecast (fleetlm/capacity/simulated.py)."""
+
     def finite(x: object) -> object:
         # JSON has no Infinity; an infeasible serving point reports null instead.
         if isinstance(x, float) and not math.isfinite(x):
@@ -24,7 +26,10 @@ def plan_json(plan: Plan) -> str:
             return [finite(v) for v in x]
         return x
 
-    return json.dumps(finite(plan.to_dict()), indent=2)
+    out = plan.to_dict()
+    if simulated is not None:
+        out["simulated"] = simulated.to_dict()
+    return json.dumps(finite(out), indent=2)
 
 
 def gb(n: float) -> str:
@@ -307,4 +312,23 @@ def plan_table(plan: Plan) -> str:
         lines += ["", title]
         for label, value, note in rows:
             lines.append(f"  {label:<{width}}  {value:>16}  {note}".rstrip())
+    return "\n".join(lines)
+
+
+def simulated_table(sim) -> str:
+    """The SIMULATED section of `fleetlm plan --simulate` (a SimulatedForecast)."""
+    engine = ", ".join(f"{k}={v}" for k, v in sim.engine.items()) or "engine defaults"
+    lines = [
+        "",
+        "SIMULATED  the engine's scheduler on a virtual clock, steps priced as FORECAST's",
+        f"  ({engine}; {sim.duration_s:,.0f} s of arrivals a rate)",
+    ]
+    for p in sorted(sim.probes, key=lambda p: p.rate_req_s):
+        mark = "meets" if p.meets else "misses"
+        lines.append(
+            f"  {p.rate_req_s:8.3g} req/s  {mark:<6}  TTFT p95 {secs(p.ttft_p95_s)}, "
+            f"TPOT p95 {secs(p.tpot_p95_s)}, {p.output_tok_s:,.0f} output tok/s"
+        )
+    best = f"{sim.rate_req_s:.3g} req/s" if sim.best else "none of the rates probed"
+    lines.append(f"  rate at the targets: {best}")
     return "\n".join(lines)
