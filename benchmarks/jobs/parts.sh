@@ -77,6 +77,14 @@ part_breakdown() {  # the 70B FP8 decode step kernel by kernel at the defaults
   stamp "breakdown rc=$?"; grep -E "decode B=|ms  x" "$R/decode_breakdown_70b_fp8_default.log" | head -12
 }
 
+part_breakdown_prefill() {  # issue 35 item 6: the 70B FP8's prefill steps kernel by kernel (a
+  # served prompt token cost 0.205 ms on 2026-12-05: 48 % of the e4m3 matmul ceiling)
+  PYTHONPATH=$PWD timeout 300 python3 -m benchmarks.decode_breakdown --model llama-3.1-70b \
+    --quantization fp8 --kv-cache-dtype fp8 --parts prefill --prefill-tokens 512,2048,4096 \
+    --json "$R/prefill_breakdown_70b_fp8.json" > "$R/prefill_breakdown_70b_fp8.log" 2>&1
+  stamp "prefill breakdown rc=$?"; grep -E "prefill|ms  x" "$R/prefill_breakdown_70b_fp8.log" | head -20
+}
+
 part_kernels() {  # every kernel test compiled on the GPU
   PYTHONPATH=/tmp/site:$PWD timeout 600 python3 -m pytest -q -p no:cacheprovider tests/kernels \
     > "$R/gpu_kernel_tests.log" 2>&1
