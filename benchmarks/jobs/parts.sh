@@ -16,6 +16,12 @@ part_tests() {  # the engine's GPU-path tests and the grammar-mask kernel's
   stamp "engine gpu tests rc=$?"; tail -8 "$R/gpu_engine_tests.log"
 }
 
+part_tests_calibration() {  # the start-up step-cost calibration on the GPU (before serving on it)
+  PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest -q -p no:cacheprovider \
+    tests/engine/test_gpu_paths.py -k "calibrated or compiles" > "$R/gpu_calibration_tests.log" 2>&1
+  stamp "calibration gpu tests rc=$?"; tail -6 "$R/gpu_calibration_tests.log"
+}
+
 part_structured_engine() {  # issue 38: TPOT with a JSON schema against without (bare engine)
   PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m benchmarks.structured_output \
     --model llama-3.1-8b --streams 64 --max-tokens 256 > "$R/structured_output_8b.log" 2>&1

@@ -10,4 +10,4 @@
 . benchmarks/jobs/parts.sh
 export GOODPUT70=${GOODPUT70:-"0.7 1 1.25"} GOODPUT8=${GOODPUT8:-"12 14"}
 export SERVE_ENV=${SERVE_ENV:-"FLEETLM_STEP_TIME_TARGET_S=0.03"}
-run_parts "${PARTS:-serve70_goodput serve8_goodput breakdown_prefill}"
+run_parts "${PARTS:-tests_calibration serve70_goodput serve8_goodput breakdown_prefill}"

@@ -253,3 +253,23 @@ def test_shared_prefix_decode_matches_plain_decode(model_dir, kv_cache_dtype, gr
     if graphs:
         assert llm.engine.runner.graphs.shared_prefix
         assert any(key[3] for key in llm.engine.runner.graphs.graphs)
+
+
+def test_an_engine_with_a_step_time_target_starts_calibrated_and_decodes_the_same(model_dir):
+    # The start-up calibration (engine/runner/step_calibration.py) runs graph replays, graph
+    # pieces and eager steps over the pool's first blocks with padding slots: it must leave
+    # nothing behind (greedy tokens as an engine without it) and compile nothing later.
+    from kernels import compile_counter
+
+    prompts = _prompts()
+    opts = dict(device="cuda", dtype="float32", num_kv_blocks=256, max_num_batched_tokens=256)
+    plain = LLM(str(model_dir), **opts).generate(prompts, GREEDY)
+    # a target no step reaches: the same schedule as without one, the calibration all the same
+    llm = LLM(str(model_dir), step_time_target_s=100.0, **opts)
+    report = llm.engine.calibration_report
+    assert report is not None and "error" not in report and report["steps"] >= 10, report
+    assert llm.engine.prefill_policy.model.fitted
+    before = compile_counter.count()
+    for a, b in zip(plain, llm.generate(prompts, GREEDY)):
+        assert a.token_ids == b.token_ids
+    assert compile_counter.count() == before

@@ -311,3 +311,19 @@ def test_an_engine_with_a_target_starts_calibrated():
     assert engine.prefill_policy.model.fitted and report["steps"] >= 10
     assert engine.prefill_policy.model.predict(StepFeatures(16, 16 * 2048, 0, 0.0)) > 0
     assert _engine(None, calibrate_step_costs=True).calibration_report is None  # no target
+
+
+def test_a_calibration_that_fails_leaves_the_engine_fitting_online(monkeypatch):
+    import engine.llm_engine as llm_engine
+
+    def broken(runner, model):
+        raise RuntimeError("no device time")
+
+    monkeypatch.setattr(llm_engine, "calibrate_step_costs", broken)
+    engine = _engine(0.040, calibrate_step_costs=True)
+    assert engine.calibration_report == {"error": "RuntimeError: no device time"}
+    assert not engine.prefill_policy.model.fitted
+    decode = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.add_request("a", list(range(1, 20)), decode)
+    while engine.has_unfinished():
+        engine.step()

@@ -174,7 +174,10 @@ class GpuWorker:
             self.metrics.serve(self.settings.worker_metrics_port)
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
         calibration = getattr(self.engine, "calibration_report", None)
-        if calibration:  # the step-cost model's start-up fit (engine/runner/step_calibration.py)
+        if calibration and "error" in calibration:
+            log.warning("step-cost calibration failed, the model fits online only: %s",
+                        calibration["error"])  # fmt: skip
+        elif calibration:  # the step-cost model's start-up fit (engine/runner/step_calibration.py)
             log.info("step costs calibrated: %d steps in %.1f s, weights %s",
                      calibration["steps"], calibration["seconds"],
                      " ".join(f"{w:.3g}" for w in calibration["weights"]))  # fmt: skip
