@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     torch_threads: int | None = None
     # Run the step's Redis round trip while the next step runs on the GPU (docs/serving.md).
     worker_overlap_exchange: bool = True
+    # ... and wait for Redis on a thread of its own while the finished step's tokens are
+    # processed (graph-replayed steps; workers/gpu/worker.py)
+    worker_exchange_thread: bool = True
     # While a step runs on the GPU, read the queues again this often (0: once per step), so a
     # request arriving during a long prefill step is admitted right after it.
     worker_poll_s: float = 0.002
