@@ -55,5 +55,7 @@ def calibrate_step_costs(runner, model: StepCostModel) -> dict:
             best = min(best, time.perf_counter() - start)
         samples.append((shape_features(rows, context, chunks), best))
     model.calibrate(samples)
+    # samples: [(StepFeatures, seconds)], for other models of the same steps (the worker's
+    # prices of its turns, workers/gpu/step_prices.py)
     return {"steps": len(samples), "seconds": time.perf_counter() - t0,
-            "weights": [float(w) for w in model.weights]}  # fmt: skip
+            "weights": [float(w) for w in model.weights], "samples": samples}  # fmt: skip

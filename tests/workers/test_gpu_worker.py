@@ -13,6 +13,7 @@ from service.events import encode_event
 from tests.waiting import wait_until
 from tests.wire import queued_request
 from tests.workers.conftest import (
+    SETTINGS,
     WORKER_ID,
     events,
     records_of,
@@ -179,3 +180,21 @@ def test_a_malformed_queue_entry_is_dropped_and_the_worker_goes_on(gpu_worker, r
     assert events(rds, queued.request_id)[-1]["type"] == "done"
     wait_until(lambda: not rds.xrange(queue, bad, bad), 30, "the malformed entry to go")
     assert rds.exists(p.alive_key(WORKER_ID))
+
+
+def test_a_worker_with_a_step_time_target_prices_its_turns_from_the_start(services):
+    # The engine's start-up calibration (engine/runner/step_calibration.py) seeds the worker's
+    # turn prices too: priced before its first turn, documents' costs pinned as the engine's.
+    settings = SETTINGS.model_copy(update={"step_time_target_s": 0.04})
+    from workers.gpu.worker import GpuWorker
+
+    worker = GpuWorker(settings, services.redis_url, "w-calibrated")
+    try:
+        report = worker.engine.calibration_report
+        assert report and report["steps"] >= 10 and len(report["samples"]) == report["steps"]
+        assert worker.prices.fitted
+        plain = GpuWorker(SETTINGS, services.redis_url, "w-plain")
+        assert not plain.prices.fitted  # no target: no calibration, priced after its turns
+        plain.engine.shutdown()
+    finally:
+        worker.engine.shutdown()

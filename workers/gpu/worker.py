@@ -110,6 +110,12 @@ class GpuWorker:
         self.busy = BusyMeter(worker_id, settings.busy_interval_s)
         self.load = LoadReport()
         self.prices = StepPrices()  # what a turn costs, fit on this worker's own turns
+        calibration = getattr(engine, "calibration_report", None) or {}
+        if calibration.get("samples"):
+            # the engine's start-up steps, kept in every fit of the turns' prices too: served
+            # turns alone leave a document's cost as open as they left the engine's model
+            # (engine/runner/step_calibration.py); the prices' level still follows the turns
+            self.prices.model.calibrate(calibration["samples"])
         self.pacer = PollPacer()
         self.metrics = WorkerMetrics(settings.model_name, settings.metrics_snapshot_s)
         self.metrics_publisher = MetricsPublisher(
