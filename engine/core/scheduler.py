@@ -134,7 +134,7 @@ class Scheduler:
         scheduled: dict[Request, int] = {}
 
         self.running.sort(key=lambda r: (r.priority.rank, r.admitted_seq))
-        # the step's prefill tokens: each prompt's grant plus a shared pool
+        # the step's prefill tokens: a shared pool, and a grant per prompt it may take instead
         plan = self._prefill_plan(budget)
         # Decodes not reached yet in the loop: a prompt chunk leaves them their budget.
         decodes_ahead = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
@@ -147,7 +147,7 @@ class Scheduler:
             num_new = min(num_pending, budget)
             if num_pending == 1:
                 decodes_ahead -= 1
-            else:  # a prompt chunk: within the step's prefill allowance
+            else:  # a prompt chunk: within its grant or the pool (the plan)
                 cap = min(plan.cap(request), budget - decodes_ahead)
                 if request.priority is Priority.BATCH and self.waiting[Priority.INTERACTIVE]:
                     if batch_reserve is None:

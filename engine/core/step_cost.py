@@ -1,6 +1,7 @@
-# A per-step cost model fit online from the engine's own steps, and the prefill allowance it
-# gives: how many prefill tokens a step may carry beside its decodes so the step stays under a
-# time target. A step's time is modelled as
+# A per-step cost model fit from the engine's own steps (online, beside the start-up
+# calibration's), and the prefill plan it gives: how many prefill tokens a step may carry beside
+# its decodes so the step stays under a time target, and what each prompt is due regardless
+# (PrefillPolicy.plan). A step's time is modelled as
 #
 #   t ≈ w_fixed + w_eager·[prefill > 0] + w_row·decodes + w_ctx·decode_context
 #       + w_tok·prefill_tokens + w_pair·prefill_pairs
