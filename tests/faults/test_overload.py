@@ -102,7 +102,10 @@ def body(i: int = 0) -> dict:
 
 
 def http_client() -> httpx.Client:
-    return httpx.Client(limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
+    # One per client thread: ~280 threads sharing one client's pool once ended a stream with
+    # the client's own ReadError('[Errno 9] Bad file descriptor'), a socket closed under a read
+    # by another thread of the pool (no server error ends that way)
+    return httpx.Client(limits=httpx.Limits(max_connections=4, max_keepalive_connections=4))
 
 
 def closed_loop(server, clients: int, duration_s: float, make_body=body) -> list[Outcome]:
@@ -110,20 +113,20 @@ def closed_loop(server, clients: int, duration_s: float, make_body=body) -> list
     outcomes: list[Outcome] = []
     stop = time.monotonic() + duration_s
 
-    def client(http: httpx.Client) -> None:
-        while time.monotonic() < stop:
-            out = Outcome(time.monotonic())
-            outcomes.append(out)
-            one_stream(server, http, make_body(len(outcomes)), out)
-            if out.retry_after:  # refused: a well-behaved client comes back when told
-                time.sleep(out.retry_after)
+    def client() -> None:
+        with http_client() as http:
+            while time.monotonic() < stop:
+                out = Outcome(time.monotonic())
+                outcomes.append(out)
+                one_stream(server, http, make_body(len(outcomes)), out)
+                if out.retry_after:  # refused: a well-behaved client comes back when told
+                    time.sleep(out.retry_after)
 
-    with http_client() as http:
-        threads = [threading.Thread(target=client, args=(http,)) for _ in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=duration_s + 240)
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=duration_s + 240)
     return outcomes
 
 
@@ -132,18 +135,22 @@ def open_loop(server, rate: float, duration_s: float, make_body=body) -> list[Ou
     outcomes: list[Outcome] = []
     threads: list[threading.Thread] = []
     start = time.monotonic()
-    with http_client() as http:
-        for i in range(int(rate * duration_s)):
-            due = start + i / rate
-            while (now := time.monotonic()) < due:
-                time.sleep(min(0.01, due - now))
-            out = Outcome(now)
-            outcomes.append(out)
-            t = threading.Thread(target=one_stream, args=(server, http, make_body(i), out))
-            t.start()
-            threads.append(t)
-        for t in threads:
-            t.join(timeout=240)
+
+    def arrival(i: int, out: Outcome) -> None:
+        with http_client() as http:
+            one_stream(server, http, make_body(i), out)
+
+    for i in range(int(rate * duration_s)):
+        due = start + i / rate
+        while (now := time.monotonic()) < due:
+            time.sleep(min(0.01, due - now))
+        out = Outcome(now)
+        outcomes.append(out)
+        t = threading.Thread(target=arrival, args=(i, out))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(timeout=240)
     return outcomes
 
 
