@@ -23,6 +23,13 @@ from engine.core.block_manager import BlockManager
 from engine.core.request import Priority, Request
 
 
+def is_long_prompt(request: Request, long_prompt_tokens: int) -> bool:
+    """A document (no TTFT target): its prefill's work, the prompt or, for a request resumed
+    after preemption, the prompt and the tokens it had generated, is `long_prompt_tokens` or
+    more. The prefill order and the prefill policy share this one definition."""
+    return request.num_tokens >= long_prompt_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class PrefillOrder:
     max_num_batched_tokens: int
@@ -36,7 +43,7 @@ class PrefillOrder:
             raise ValueError("need long_prompt_tokens >= 1 and long_chunk >= 0")
 
     def is_long(self, request: Request) -> bool:
-        return request.num_tokens >= self.long_prompt_tokens
+        return is_long_prompt(request, self.long_prompt_tokens)
 
     def admission_order(self, waiting: dict) -> list[Request]:
         """Waiting requests in the order to admit them: interactive before batch, arrival order

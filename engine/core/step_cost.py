@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.core.prefill_order import is_long_prompt
 from engine.core.request import Priority
 
 NUM_FEATURES = 6
@@ -222,12 +223,12 @@ class PrefillPolicy:
         self.model = model or StepCostModel()
 
     def is_long(self, r) -> bool:
-        return r.num_prompt_tokens >= self.ttft_prompt_tokens
+        return is_long_prompt(r, self.ttft_prompt_tokens)
 
     def deadline_share(self, r, step_s: float, now: float) -> int:
         """A short prompt's tokens this step so that it finishes by its TTFT deadline if each
         later step of `step_s` carries the same share: remaining / steps left (all when late)."""
-        remaining = r.num_prompt_tokens - r.num_computed_tokens
+        remaining = r.num_tokens - r.num_computed_tokens  # a resumed request's too
         if remaining <= 0:
             return 0
         deadline = (r.arrival_time or 0.0) + self.ttft_target_s

@@ -156,13 +156,15 @@ def test_without_a_target_or_a_fit_nothing_changes():
 
 
 class _Req:
-    def __init__(self, prompt: int, computed: int = 0, age_s: float = 0.0, batch: bool = False):
+    def __init__(
+        self, prompt: int, computed: int = 0, age_s: float = 0.0, batch: bool = False, output=0
+    ):
         from engine.core.request import Priority
 
         self.priority = Priority.BATCH if batch else Priority.INTERACTIVE
         self.num_prompt_tokens = prompt
         self.num_computed_tokens = computed
-        self.num_tokens = prompt
+        self.num_tokens = prompt + output  # output > 0: resumed after a preemption
         self.arrival_time = time.time() - age_s
 
 
@@ -218,6 +220,25 @@ def test_documents_take_their_share_of_the_gpu_oldest_first():
     # A later share for a document that waited longer does not grow: time, not a deadline.
     older = _Req(30_000, computed=5_000, age_s=60.0)
     assert policy.plan(decodes, [older], 8192, time.time()).cap(older) == tokens
+
+
+def test_a_resumed_request_is_long_by_its_whole_recompute_for_the_order_and_the_policy():
+    # One definition of a long prompt: a 3k-token prompt preempted after 2k outputs recomputes
+    # 5k tokens; the prefill order caps its chunks as a document's, so the policy paces it as one
+    # (not "late by its deadline" and so all 5k in one step beside the decodes).
+    from engine.core.prefill_order import PrefillOrder
+
+    model = fitted_model()
+    policy = PrefillPolicy(0.040, ttft_guard_s=0.3, ttft_prompt_tokens=4000, model=model)
+    order = PrefillOrder(8192, 256, long_prompt_tokens=4000)
+    resumed, fresh = _Req(3000, age_s=30.0, output=2000), _Req(3000, age_s=30.0, batch=True)
+    assert order.is_long(resumed) and policy.is_long(resumed)
+    assert not order.is_long(fresh) and not policy.is_long(fresh)
+    decodes = [_Req(2000) for _ in range(200)]
+    plan = policy.plan(decodes, [resumed, fresh], 8192, time.time())
+    assert plan.cap(fresh) == 3000  # late: all that is left
+    assert plan.grants[resumed] == policy.long_share_tokens(200, 400_000, 0, 8192 - 200)
+    assert plan.cap(resumed) == max(plan.grants[resumed], plan.pool) < 5000
 
 
 def test_a_running_document_leaves_a_waiting_prompt_its_share():
