@@ -49,7 +49,9 @@
 # Interactive counts interactive work only: workers take it first and the engine gives it the
 # seats and KV of running batch requests, so flex never pushes it back. Flex (service_tier
 # "flex", the batch priority) waits behind both, against its own, longer bound. Over the bound
-# → 503 `overloaded` with a Retry-After of the time the backlog needs to fall back under it.
+# → 503 `overloaded` with a Retry-After of the time the backlog needs to fall back under it. A
+# long prompt (a document, no TTFT target) is held to the bound plus its own prefill with nothing
+# ahead (LoadShedder.bound).
 # The refusal's reason (in /metrics) is `kv` when the fleet's workers are out of KV headroom,
 # `ttft` otherwise. Before any worker is priced (a fresh fleet), the fallback is the queued
 # tokens over the workers' measured tokens per second; with nothing measured nothing is shed
@@ -162,6 +164,9 @@ def causal_pairs(tokens: float) -> float:
 class Prediction:
     ttft_s: float
     reason: str  # what holds the line when it is too long: ttft | kv
+    # Of ttft_s, the request's own prefill and delivering turn on the worker forecast to serve
+    # it, with nothing ahead (a long prompt's bound leaves it out: LoadShedder.bound)
+    own_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,12 +224,19 @@ class Load:
         # before its own and were prefilled meanwhile.
         queued_prompts = None if wait else queued * uncached / (mean_prompt + mean_output) / n
         # The engine's hold counts from the enqueue: a wait for a seat longer than it hides it.
-        ttft = min(
-            max(wait, w.held_s(priority, prompt_tokens))
-            + w.first_token_s(priority, prompt_tokens, queued_prompts, mean_prompt)
-            for w in self.workers
+        ttft, w = min(
+            (
+                (
+                    max(wait, w.held_s(priority, prompt_tokens))
+                    + w.first_token_s(priority, prompt_tokens, queued_prompts, mean_prompt),
+                    w,
+                )
+                for w in self.workers
+            ),
+            key=lambda pair: pair[0],
         )
-        return Prediction(ttft, reason)
+        own = w.first_token_s(priority, prompt_tokens, None, mean_prompt)
+        return Prediction(ttft, reason, own)
 
     def seat_wait(self, queued_requests: float) -> float:
         """An interactive request's wait for a seat by the workers' seat schedules: it gets one
@@ -276,19 +288,30 @@ class LoadShedder:
         """The routed workers as of the last load read (admit() reads it first)."""
         return self._load.routes if self._load is not None else ()
 
+    def bound(self, queued: QueuedRequest, prediction: Prediction) -> float:
+        """The longest predicted first token admitted: the priority's bound on the wait, and
+        for a long prompt (a document of ttft_prompt_tokens or more: no TTFT target) its own
+        prefill on top. Under a step-time target the engine gives documents a share of the GPU
+        beside the decodes, so a 20k-token document on a 70B takes ~15 s alone at 1 req/s;
+        counted against the wait's bound it was refused at any load, while the documents ahead
+        of it still count (their queue cannot grow without bound)."""
+        if queued.priority == "batch":
+            bound = self.settings.batch_max_queue_wait_s
+        else:
+            bound = self.settings.max_queue_wait_s
+        if len(queued.prompt_token_ids) >= self.settings.ttft_prompt_tokens:
+            bound += prediction.own_s
+        return bound
+
     async def admit(self, redis: Redis, queued: QueuedRequest) -> Prediction:
         """Sets the request's queued tokens; raises 503 when its predicted time to first token
         is over its priority's bound."""
         load = await self.load(redis)
         queued.queued_tokens = queued_tokens(queued, load.mean_output_tokens)
-        bound = (
-            self.settings.batch_max_queue_wait_s
-            if queued.priority == "batch"
-            else self.settings.max_queue_wait_s
-        )
         prediction = load.predict(
             queued.priority, len(queued.prompt_token_ids), queued.queued_tokens
         )
+        bound = self.bound(queued, prediction)
         PREDICTED_TTFT.labels(queued.priority).observe(prediction.ttft_s)
         if prediction.ttft_s <= bound:
             if self._load is load:

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from api.load_shedding import MIN_FLEX_SHARE, Load, WorkerLoad, causal_pairs
+from api.load_shedding import MIN_FLEX_SHARE, Load, LoadShedder, WorkerLoad, causal_pairs
 
 STEP_S, TOK_S, DECODE_S, CHUNK = 0.050, 1e-4, 0.035, 4000
 MEAN_PROMPT, MEAN_OUTPUT = 2000.0, 400.0
@@ -206,3 +206,29 @@ def test_an_interactive_request_waits_for_the_seat_the_schedule_frees_for_it():
     assert load(full).seat_wait(5) == 3.0 and load(free).seat_wait(0) == 0.0
     # A fleet where one worker does not publish its schedule: the work model alone.
     assert load(full, worker(startable=0)).seat_wait(1) == 0.0
+
+
+def test_a_document_is_admitted_against_the_wait_ahead_of_it_not_its_own_prefill():
+    # A 20k-token document paced at 100 tokens a turn under a step target takes ~10 s alone:
+    # against the 10 s bound on the wait that refused it at any load. Its bound now leaves its
+    # own prefill out; the work ahead of it (other documents' included) still counts.
+    from service.settings import Settings
+    from tests.wire import queued_request
+
+    shedder = LoadShedder(Settings(_env_file=None, model="tiny", device="cpu"))
+    paced = {"prefill_hold_s": 0.0, "prefill_hold_tokens": 4000, "prefill_long_chunk_tokens": 100}
+    document = queued_request(list(range(20_000)))
+    alone = load(worker(**paced)).predict("interactive", 20_000)
+    own = 200 * STEP_S + 20_000 * TOK_S + DECODE_S
+    assert alone.own_s == pytest.approx(own) and alone.ttft_s == pytest.approx(own)
+    assert shedder.bound(document, alone) == pytest.approx(10.0 + own)
+    # 30 s of interactive work waiting in the engine, nothing startable: refused.
+    busy = dataclasses.replace(
+        worker(**paced), startable={"interactive": 0, "batch": 0},
+        waiting_work_s={"interactive": 30.0, "batch": 0.0},
+    )  # fmt: skip
+    behind = load(busy).predict("interactive", 20_000)
+    assert behind.own_s == pytest.approx(own) and behind.ttft_s > shedder.bound(document, behind)
+    # A short prompt's bound is the wait's alone.
+    chat = queued_request(list(range(2000)))
+    assert shedder.bound(chat, load(worker()).predict("interactive", 2000)) == 10.0
