@@ -68,11 +68,12 @@ part_serve70_goodput() {  # issue 35: the 70B FP8 at rates around the forecasts,
 }
 
 part_serve8_goodput() {  # issues 35/36: the 8B bf16 at rates around its goodput, no admission
-  # bound, 120 s per rate (GOODPUT8, GOODPUT8_S)
-  OUT=$R/serve8_goodput benchmarks/device_serve.sh --launch --model llama-3.1-8b \
+  # bound, 120 s per rate (GOODPUT8, GOODPUT8_S), results under $R/${SERVE8_NAME:-serve8_goodput}
+  local name=${SERVE8_NAME:-serve8_goodput}
+  OUT=$R/$name benchmarks/device_serve.sh --launch --model llama-3.1-8b \
     $(serve_env_args) --rates "$(rates "${GOODPUT8:-12 14}")" --duration "${GOODPUT8_S:-120}" \
-    --no-stop-on-miss --json "$R/serve8_goodput/serve.json" > "$R/serve8_goodput.log" 2>&1
-  stamp "serve8_goodput rc=$?"; grep -E "req/s|goodput|refused|503" "$R/serve8_goodput/bench.log" | tail -12
+    --no-stop-on-miss --json "$R/$name/serve.json" > "$R/$name.log" 2>&1
+  stamp "$name rc=$?"; grep -E "req/s|goodput|refused|503" "$R/$name/bench.log" | tail -12
 }
 
 part_breakdown() {  # the 70B FP8 decode step kernel by kernel at the defaults

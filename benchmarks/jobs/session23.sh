@@ -9,4 +9,6 @@
 export GOODPUT70=${GOODPUT70:-"0.7 1 1.25"} GOODPUT8=${GOODPUT8:-"12 14"}
 export SERVE_ENV=${SERVE_ENV:-"FLEETLM_STEP_TIME_TARGET_S=0.03"}
 part_serve8_loop() { SERVE_ENV="" RATES8=28 part_serve8; }
+# The same 8B rates without the target, for an A/B on one machine (an H100 when no H200 comes).
+part_serve8_goodput_base() { SERVE_ENV="" SERVE8_NAME=serve8_goodput_base part_serve8_goodput; }
 run_parts "${PARTS:-tests_calibration serve70_goodput serve8_goodput serve8_loop breakdown_prefill}"
