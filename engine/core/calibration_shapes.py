@@ -19,11 +19,21 @@ def calibration_shapes(
 ) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
     """(decode rows, their context, prompt chunks) of every calibration step that can happen
     under these limits: decodes alone at each row count and context, each chunk beside
-    MIXED_ROWS decodes and alone, and a short chunk beside the most rows."""
-    shapes = [(n, c, ()) for n in DECODE_ROWS for c in DECODE_CONTEXTS]
-    shapes += [(MIXED_ROWS, MIXED_CONTEXT, (chunk,)) for chunk in CHUNKS]
-    shapes += [(0, 0, (chunk,)) for chunk in CHUNKS[2:4]]
-    shapes.append((max_num_seqs, MIXED_CONTEXT, CHUNKS[1:2]))
+    MIXED_ROWS decodes and alone, and a short chunk beside the most rows. Under small limits
+    (a test model's 1k context, a 256-token step) the contexts and chunks shrink in proportion,
+    rather than drop out: filtered, a 1k-context engine kept one context, its rows and context
+    then moved together and the fit could not tell them apart (an H100 run, 2026-12-05)."""
+    context_scale = min(1.0, max_model_len / DECODE_CONTEXTS[-1])
+    contexts = [max(16, int(c * context_scale)) for c in DECODE_CONTEXTS]
+    longest = max(q + p for q, p in CHUNKS)
+    widest = max(q for q, _ in CHUNKS)
+    chunk_scale = min(1.0, max_model_len / longest, (max_tokens - MIXED_ROWS) / widest)
+    chunks = [(max(1, int(q * chunk_scale)), int(p * chunk_scale)) for q, p in CHUNKS]
+    mixed_context = contexts[1]
+    shapes = [(min(n, max_num_seqs), c, ()) for n in DECODE_ROWS for c in contexts]
+    shapes += [(MIXED_ROWS, mixed_context, (chunk,)) for chunk in chunks]
+    shapes += [(0, 0, (chunk,)) for chunk in chunks[2:4]]
+    shapes.append((max_num_seqs, mixed_context, tuple(chunks[1:2])))
     return [
         (n, c, chunks) for n, c, chunks in dict.fromkeys(shapes)
         if 0 < n + sum(q for q, _ in chunks) <= max_tokens and n <= max_num_seqs

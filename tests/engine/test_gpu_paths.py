@@ -214,7 +214,10 @@ def test_no_kernel_compiles_after_start_up_warm_up(model_dir, shared_prefix):
     prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in lens]
     prompts += [system + p for p in prompts]
     shared = {"shared_prefix_decode": True, "shared_prefix_min_tokens": 32} if shared_prefix else {}
-    llm = LLM(str(model_dir), dtype="bfloat16", device="cuda", max_num_batched_tokens=256, **shared)
+    # A pool of its own size: sized by gpu_memory_utilization, the first parameter's engine (not
+    # yet collected) left the second no memory for its cache on an 80 GB H100.
+    llm = LLM(str(model_dir), dtype="bfloat16", device="cuda", max_num_batched_tokens=256,
+              num_kv_blocks=1024, **shared)  # fmt: skip
     report = llm.engine.runner.warmup_report
     assert report is not None and report["steps"] > 10
     before = compile_counter.snapshot()

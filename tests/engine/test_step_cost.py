@@ -334,6 +334,25 @@ def test_an_engine_with_a_target_starts_calibrated():
     assert _engine(None, calibrate_step_costs=True).calibration_report is None  # no target
 
 
+def test_small_limits_shrink_the_calibration_shapes_and_still_fit():
+    # A 1k-context engine with a 256-token step (the GPU tests' model) kept one decode context
+    # when shapes were filtered, not shrunk: rows and context moved together and calibrate()
+    # refused (an H100 run, 2026-12-05). Shrunk, every feature still varies on its own.
+    from engine.core.calibration_shapes import calibration_shapes, shape_features
+
+    shapes = calibration_shapes(256, 1024, 256)
+    assert len({c for n, c, chunks in shapes if not chunks}) == 3
+    assert all(n + sum(q for q, _ in ch) <= 256 and c <= 1024 for n, c, ch in shapes)
+    model = StepCostModel()
+    model.calibrate([(shape_features(*s), true_time(shape_features(*s))) for s in shapes])
+    probe = StepFeatures(32, 32 * 512, 100, chunk_pairs(100, 300))
+    assert model.predict(probe) == pytest.approx(true_time(probe), rel=0.05)
+    assert calibration_shapes(4096, 32_768, 256) == calibration_shapes(4096, 131_072, 256)
+    engine = _engine(100.0, calibrate_step_costs=True, max_model_len=1024,
+                     max_num_batched_tokens=256)  # fmt: skip
+    assert "error" not in engine.calibration_report and engine.prefill_policy.model.fitted
+
+
 def test_a_calibration_that_fails_leaves_the_engine_fitting_online(monkeypatch):
     import engine.llm_engine as llm_engine
 
