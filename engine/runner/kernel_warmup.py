@@ -75,11 +75,14 @@ def pack(
     max_model_len: int,
     max_rows: int = 16,
     decode_context: int = DECODE_CONTEXT,
+    distinct_tables: bool = False,
 ) -> PackedBatch:
     """The step as BatchBuilder.pack would lay it out: decodes first (decode_context keys, at
     most max_model_len), token 0 everywhere, slots -1 (nothing stored), block tables 0, 1, 2 ...
     (clamped to the pool); with prefix_splits the decodes (same tables) are one group of a
-    max_rows bucket sharing their whole blocks before the last key."""
+    max_rows bucket sharing their whole blocks before the last key. distinct_tables: each row
+    reads blocks of its own, wrapping around the pool (a timed step: rows sharing blocks read
+    them from L2, and the calibration priced a key at half its served cost on an H100)."""
     context = min(decode_context, max_model_len)
     lens = [(1, context - 1)] * step.num_decodes + list(step.chunks)
     positions, seq_lens, starts = [], [], [0]
@@ -89,8 +92,12 @@ def pack(
         starts.append(starts[-1] + q)
     t, s, nd = starts[-1], len(lens), step.num_decodes
     max_blocks = -(-max(seq_lens) // block_size)
-    tables = np.minimum(np.arange(max_blocks, dtype=np.int32), num_blocks - 1)
-    tables = np.broadcast_to(tables, (s, max_blocks))
+    if distinct_tables:
+        tables = np.arange(s * max_blocks, dtype=np.int64).reshape(s, max_blocks) % num_blocks
+        tables = tables.astype(np.int32)
+    else:
+        tables = np.minimum(np.arange(max_blocks, dtype=np.int32), num_blocks - 1)
+        tables = np.broadcast_to(tables, (s, max_blocks))
     logits_indices = [end - 1 for end in starts[1:]]
     prefill_qsl = [q - starts[nd] for q in starts[nd:]]
     i64 = np.array([0] * t + positions + [-1] * t + logits_indices, dtype=np.int64)

@@ -14,6 +14,7 @@ from engine.runner.kernel_warmup import (
     CHUNK_LENS,
     DECODE_CONTEXT,
     DECODE_SPLITS,
+    WarmupStep,
     pack,
     warm_up_mixed_steps,
     warmup_steps,
@@ -79,6 +80,17 @@ def test_pack_clamps_block_ids_and_context_to_a_small_pool(model_dir):
     tables = packed.i32[end - packed.num_seqs * packed.max_blocks : end]
     tables = tables.reshape(packed.num_seqs, -1)
     assert tables[0].tolist() == [0, 1, 2, 3, 3]  # clamped to the pool's last block
+
+
+def test_a_timed_steps_rows_read_blocks_of_their_own_across_the_pool():
+    # The calibration's steps (engine/runner/step_calibration.py): rows sharing blocks read the
+    # keys from L2 and priced attention at half its served cost on an H100.
+    step = WarmupStep(4, None, ((8, 16),))
+    packed = pack(step, block_size=8, num_blocks=12, max_model_len=64, decode_context=24,
+                  distinct_tables=True)  # fmt: skip
+    end = packed.i32.shape[0] - packed.num_decodes
+    tables = packed.i32[end - packed.num_seqs * packed.max_blocks : end].reshape(5, -1)
+    assert tables.tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11], [0, 1, 2]]
 
 
 def test_warm_up_writes_no_kv_and_changes_no_output(model_dir):
