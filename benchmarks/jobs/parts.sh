@@ -59,12 +59,14 @@ serve70_as() {  # results under $R/$1
 }
 
 part_serve70_goodput() {  # issue 35: the 70B FP8 at rates around the forecasts, no
-  # admission bound (refusals would count as misses), 120 s per rate (GOODPUT70_S)
-  OUT=$R/serve70_goodput benchmarks/device_serve.sh --launch --model llama-3.1-70b \
+  # admission bound (refusals would count as misses), 120 s per rate (GOODPUT70_S), results
+  # under $R/${SERVE70_NAME:-serve70_goodput}
+  local name=${SERVE70_NAME:-serve70_goodput}
+  OUT=$R/$name benchmarks/device_serve.sh --launch --model llama-3.1-70b \
     --server-env FLEETLM_QUANTIZATION=fp8 --server-env FLEETLM_KV_CACHE_DTYPE=fp8 \
     $(serve_env_args) --rates "$(rates "${GOODPUT70:-0.7 1}")" --duration "${GOODPUT70_S:-120}" --no-stop-on-miss \
-    --json "$R/serve70_goodput/serve.json" > "$R/serve70_goodput.log" 2>&1
-  stamp "serve70_goodput rc=$?"; grep -E "req/s|goodput|refused|503" "$R/serve70_goodput/bench.log" | tail -12
+    --json "$R/$name/serve.json" > "$R/$name.log" 2>&1
+  stamp "$name rc=$?"; grep -E "req/s|goodput|refused|503" "$R/$name/bench.log" | tail -12
 }
 
 part_serve8_goodput() {  # issues 35/36: the 8B bf16 at rates around its goodput, no admission
