@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.core.step_cost import StepFeatures, chunk_pairs
@@ -239,6 +241,29 @@ def test_a_long_prompts_chunk_is_what_the_step_target_allows_beside_the_decodes(
     run(plain, 5)
     fields = intake_budget(plain, prices, report(), settings()).fields()
     assert int(fields["prefill_long_chunk_tokens"]) == plain.scheduler.order.long_chunk
+
+
+def test_a_long_prompts_chunk_leaves_the_short_prompts_their_part_of_the_allowance():
+    # In steady state each turn carries running / mean output new prompts: 5 × 900 uncached
+    # tokens / 10 outputs = 450 of the ~1,450 the target allows go to them first; never less
+    # than the documents' share of the GPU.
+    prices = fitted_prices()
+    eng = engine(step_time_target_s=0.2, max_num_batched_tokens=8192)
+    eng.prefill_policy.model = prices.model
+    run(eng, 5)
+    alone = int(
+        intake_budget(eng, prices, report(), settings()).fields()["prefill_long_chunk_tokens"]
+    )
+    busy = LoadReport()
+    busy.on_finished(10, 1000, cached_tokens=100)
+    fields = intake_budget(eng, prices, busy, settings()).fields()
+    assert int(fields["prefill_long_chunk_tokens"]) == pytest.approx(alone - 450, abs=5)
+    busier = LoadReport()
+    busier.on_finished(1, 100_000)
+    fields = intake_budget(eng, prices, busier, settings()).fields()
+    policy, context = eng.prefill_policy, sum(r.num_tokens for r in eng.scheduler.running)
+    share = policy.long_share_tokens(5, context, 0, 8192 - 5)
+    assert int(fields["prefill_long_chunk_tokens"]) == share
 
 
 def test_batch_requests_waiting_in_the_engine_leave_the_waiting_room_to_interactive():
