@@ -121,6 +121,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds of arrivals per simulated rate (default %(default)s)",
     )
     sim.add_argument(
+        "--step-trace",
+        metavar="PATH",
+        help="price the simulated steps by this step trace's fit (PATH without .json/.f64, as "
+        "the worker writes it under FLEETLM_WORKER_STEP_TRACE_DIR) instead of FORECAST's",
+    )
+    sim.add_argument(
         "--engine-set",
         action="append",
         default=[],
@@ -201,10 +207,15 @@ def run(args: argparse.Namespace) -> int:
             profile=profile,
         )
         simulated = None
+        if args.step_trace and not args.simulate:
+            raise ValueError("--step-trace prices the simulation: add --simulate")
         if args.simulate:  # imported here: the plain plan stays pure arithmetic
-            from fleetlm.bench.schedule_sim import parse_settings
+            from fleetlm.bench.schedule_sim import fit_trace, parse_settings
             from fleetlm.capacity.simulated import simulated_forecast
 
+            measured = None
+            if args.step_trace:  # the pool stays the plan's: the trace has its own machine's
+                measured = fit_trace(args.step_trace, plan.memory.kv_tokens)
             simulated = simulated_forecast(
                 plan.deployment,
                 workload,
@@ -213,8 +224,9 @@ def run(args: argparse.Namespace) -> int:
                 first_rate=plan.forecast.rate_req_s or 1.0,
                 engine=parse_settings(args.engine_set),
                 duration_s=args.simulate_seconds,
+                costs=measured,
             )
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"fleetlm plan: error: {e}", file=sys.stderr)
         return 2
     if args.json:

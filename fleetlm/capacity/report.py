@@ -320,8 +320,8 @@ def simulated_table(sim) -> str:
     engine = ", ".join(f"{k}={v}" for k, v in sim.engine.items()) or "engine defaults"
     lines = [
         "",
-        "SIMULATED  the engine's scheduler on a virtual clock, steps priced as FORECAST's",
-        f"  ({engine}; {sim.duration_s:,.0f} s of arrivals a rate)",
+        "SIMULATED  the engine's scheduler on a virtual clock",
+        f"  (steps priced by {sim.costs}; {engine}; {sim.duration_s:,.0f} s of arrivals a rate)",
     ]
     for p in sorted(sim.probes, key=lambda p: p.rate_req_s):
         mark = "meets" if p.meets else "misses"

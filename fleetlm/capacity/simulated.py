@@ -7,7 +7,9 @@
 # slices or paced, a step in flight before a prompt) with a few queueing approximations; the
 # simulation runs the scheduler itself, with whatever prefill rule the engine settings choose
 # (FLEETLM_STEP_TIME_TARGET_S and the rest), documents, prefix hits and KV limits included. Both
-# rest on the same efficiencies, which are what measurement calibrates (docs/capacity.md).
+# rest on the same efficiencies, which are what measurement calibrates (docs/capacity.md). Given
+# a step trace of the engine serving (FLEETLM_WORKER_STEP_TRACE_DIR; `--step-trace`), the steps
+# are priced by that trace's own fit instead: the measured ceilings, the engine's overheads in.
 #
 # A step of d decodes reading c keys in all, with p prompt tokens and q causal attention pairs:
 #   t = weights / (bw × decode efficiency) + step overhead + c × KV bytes per token / (bw × eff)
@@ -65,6 +67,7 @@ class SimulatedForecast:
     probes: tuple[SimulatedPoint, ...]
     duration_s: float
     engine: dict  # the EngineConfig settings simulated
+    costs: str = "roofline x efficiencies"  # what priced the steps (StepCosts.source)
 
     @property
     def rate_req_s(self) -> float:
@@ -77,6 +80,7 @@ class SimulatedForecast:
             "probes": [p.to_dict() for p in self.probes],
             "duration_s": self.duration_s,
             "engine": self.engine,
+            "costs": self.costs,
         }
 
 
@@ -90,15 +94,18 @@ def simulated_forecast(
     engine: dict | None = None,
     duration_s: float = 300.0,
     seed: int = 0,
+    costs: StepCosts | None = None,
 ) -> SimulatedForecast:
-    """Bisect the arrival rate, starting at `first_rate` (e.g. the closed-form forecast's)."""
+    """Bisect the arrival rate, starting at `first_rate` (e.g. the closed-form forecast's).
+    costs: the steps' prices when measured (a step trace's fit, schedule_sim.fit_trace); by
+    default the roofline × the profile's efficiencies."""
     if wl.name not in TRAFFIC:
         raise ValueError(f"no simulated traffic for workload {wl.name!r}: {', '.join(TRAFFIC)}")
     if first_rate <= 0 or duration_s <= 0:
         raise ValueError("need a positive first rate and duration")
     settings = dict(engine or {})
     config = EngineConfig(model="sim", **settings)
-    costs = step_costs(dep, profile, kv_tokens)
+    costs = costs or step_costs(dep, profile, kv_tokens)
     targets = Targets(ttft_s=wl.ttft_target_s, ttft_max_prompt_tokens=wl.ttft_prompt_tokens,
                       tpot_s=wl.tpot_target_s)  # fmt: skip
     probes: list[SimulatedPoint] = []
@@ -131,4 +138,4 @@ def simulated_forecast(
         else:
             missed = mid
     best = max((p for p in probes if p.meets), key=lambda p: p.rate_req_s, default=None)
-    return SimulatedForecast(best, tuple(probes), duration_s, settings)
+    return SimulatedForecast(best, tuple(probes), duration_s, settings, costs.source)

@@ -58,3 +58,50 @@ def test_plan_simulate_prints_and_writes_the_section(capsys):
     assert cli.main(args) == 0
     text = capsys.readouterr().out
     assert "SIMULATED" in text and "rate at the targets" in text
+
+
+def _trace(path, costs) -> None:
+    """A worker's step trace (workers/gpu/step_timing.py's layout) of a machine whose steps
+    cost `costs` exactly."""
+    import numpy as np
+
+    from engine.core.step_cost import StepFeatures, chunk_pairs
+
+    rng = np.random.default_rng(0)
+    fields = ["start", "gpu_s", "num_tokens", "num_decodes", "decode_context", "prefill_pairs"]
+    rows = []
+    for i in range(400):
+        decodes = int(rng.integers(1, 128))
+        chunk = int(rng.choice([0, 0, int(rng.integers(1, 2048))]))
+        pairs = chunk_pairs(chunk, int(rng.integers(0, 8000))) if chunk else 0.0
+        f = StepFeatures(decodes, decodes * int(rng.integers(500, 4000)), chunk, pairs)
+        rows.append([i, costs.seconds(f), decodes + chunk, decodes, f.decode_context,
+                     f.prefill_pairs])  # fmt: skip
+    np.asarray(rows, dtype=np.float64).tofile(str(path) + ".f64")
+    path.with_suffix(".json").write_text(json.dumps({"fields": fields}))
+
+
+def test_a_step_trace_prices_the_simulation_with_the_measured_steps(tmp_path, capsys):
+    # A machine whose steps take half what the roofline at the profile's efficiencies says:
+    # priced by its trace, the simulated rate at the targets is higher, and the output says
+    # what priced it.
+    import dataclasses
+
+    dep = Deployment.create("llama-3.1-70b", "1xH200", weights_dtype="fp8", kv_dtype="fp8")
+    roofline = step_costs(dep, EngineProfile(), kv_tokens=300_000)
+    fast = dataclasses.replace(roofline, **{
+        k: getattr(roofline, k) / 2 for k in ("fixed_s", "context_s", "token_s", "pair_s")
+    })  # fmt: skip
+    _trace(tmp_path / "steps-w", fast)
+    args = ["plan", *H200_70B, "--simulate", "--simulate-seconds", "40", "--json"]
+    assert cli.main(args) == 0
+    priced = json.loads(capsys.readouterr().out)["simulated"]
+    assert cli.main([*args, "--step-trace", str(tmp_path / "steps-w")]) == 0
+    measured = json.loads(capsys.readouterr().out)["simulated"]
+    assert measured["costs"] == f"fit of {tmp_path / 'steps-w'}"
+    assert priced["costs"] != measured["costs"]
+    assert measured["rate_req_s"] > 1.3 * priced["rate_req_s"] > 0
+    assert cli.main(["plan", *H200_70B, "--step-trace", str(tmp_path / "steps-w")]) == 2
+    assert "add --simulate" in capsys.readouterr().err
+    assert cli.main([*args, "--step-trace", str(tmp_path / "absent")]) == 2
+    assert "absent" in capsys.readouterr().err
