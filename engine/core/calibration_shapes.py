@@ -27,7 +27,7 @@ def calibration_shapes(
     contexts = [max(16, int(c * context_scale)) for c in DECODE_CONTEXTS]
     longest = max(q + p for q, p in CHUNKS)
     widest = max(q for q, _ in CHUNKS)
-    chunk_scale = min(1.0, max_model_len / longest, (max_tokens - MIXED_ROWS) / widest)
+    chunk_scale = max(0.0, min(1.0, max_model_len / longest, (max_tokens - MIXED_ROWS) / widest))
     chunks = [(max(1, int(q * chunk_scale)), int(p * chunk_scale)) for q, p in CHUNKS]
     mixed_context = contexts[1]
     shapes = [(min(n, max_num_seqs), c, ()) for n in DECODE_ROWS for c in contexts]

@@ -348,6 +348,8 @@ def test_small_limits_shrink_the_calibration_shapes_and_still_fit():
     probe = StepFeatures(32, 32 * 512, 100, chunk_pairs(100, 300))
     assert model.predict(probe) == pytest.approx(true_time(probe), rel=0.05)
     assert calibration_shapes(4096, 32_768, 256) == calibration_shapes(4096, 131_072, 256)
+    tiny = calibration_shapes(8, 1024, 4)  # a step smaller than MIXED_ROWS: no negative prefix
+    assert tiny and all(q >= 1 and p >= 0 for _, _, ch in tiny for q, p in ch)
     engine = _engine(100.0, calibrate_step_costs=True, max_model_len=1024,
                      max_num_batched_tokens=256)  # fmt: skip
     assert "error" not in engine.calibration_report and engine.prefill_policy.model.fitted
