@@ -292,9 +292,9 @@ class LoadShedder:
         """The longest predicted first token admitted: the priority's bound on the wait, and
         for a long prompt (a document of ttft_prompt_tokens or more: no TTFT target) its own
         prefill on top. Under a step-time target the engine gives documents a share of the GPU
-        beside the decodes, so a 20k-token document on a 70B takes ~15 s alone at 1 req/s;
-        counted against the wait's bound it was refused at any load, while the documents ahead
-        of it still count (their queue cannot grow without bound)."""
+        beside the decodes, so a 20k-token document on a 70B takes ~15 s alone at 1 req/s:
+        against the wait's bound alone it was refused at any load. The documents ahead of it
+        still count in the prediction, so their queue cannot grow without bound."""
         if queued.priority == "batch":
             bound = self.settings.batch_max_queue_wait_s
         else:
