@@ -257,9 +257,9 @@ class Scheduler:
         KV blocks last."""
         bm = self.block_manager
         for request in self.order.admission_order(self.waiting):
-            if budget <= 0 or (plan.pool <= 0 and not plan.grants):
+            if budget <= 0 or (plan.exhausted and not plan.grants):
                 return
-            if plan.pool <= 0 and request not in plan.grants:
+            if plan.exhausted and request not in plan.grants:
                 continue  # only a prompt with a grant of its own may still come in
             priority = request.priority
             if priority is Priority.BATCH and out.num_preempted:
@@ -290,7 +290,7 @@ class Scheduler:
                     continue  # it waits for the room, behind nothing of a higher class
             num_computed = len(hits) * bm.block_size
             others = len(self.running) + self.num_waiting - 1
-            chunk = min(plan.cap(request), self.order.chunk_cap(request, others))
+            chunk = min(plan.cap(request, num_computed), self.order.chunk_cap(request, others))
             num_new = min(request.num_tokens - num_computed, budget, chunk)
             while not bm.allocate_slots(request, num_new, hits):
                 if priority is not Priority.INTERACTIVE or not self._preempt_batch(scheduled, out):

@@ -197,7 +197,29 @@ def test_the_deadline_share_never_lowers_what_the_target_allows():
     allowed = model.max_prefill_tokens(8, 8000, 0, 0.040, limit=8192 - 8)
     short = _Req(100)
     plan = policy.plan(decodes, [short], 8192, time.time())
-    assert plan.pool == allowed and plan.cap(short) == allowed
+    assert plan.pool_tokens(0) == allowed and plan.cap(short) == allowed
+
+
+def test_the_pool_is_time_priced_at_each_prompts_own_offset():
+    # Counted in tokens at the first prompt's offset, the pool let a document's chunk after a
+    # long prefix (its attention over all of it) run the step past the target: on an H100 the
+    # 8B's mixed steps took 46 ms at the median against a 30 ms target.
+    model = fitted_model()
+    policy = PrefillPolicy(0.040, ttft_guard_s=10.0, ttft_prompt_tokens=4000, model=model)
+    decodes = [_Req(1000) for _ in range(8)]
+    short, doc = _Req(100, batch=True), _Req(30_000, computed=20_000, batch=True)
+    plan = policy.plan(decodes, [short, doc], 8192, time.time())
+    fresh, deep = plan.pool_tokens(0), plan.pool_tokens(20_000)
+    assert fresh == model.max_prefill_tokens(8, 8000, 0, 0.040, 8192) and 0 < deep < fresh
+    # What a chunk takes is its own price: the document's step stays within the target.
+    plan.take(doc, deep)
+    doc_step = model.predict(StepFeatures(8, 8000, deep, chunk_pairs(deep, 20_000)))
+    assert doc_step <= 0.040 + 1e-9 and plan.pool_tokens(0) <= 1
+    plan.give_back(doc)
+    assert plan.pool_tokens(0) == fresh
+    # A short chunk leaves the rest of the pool's time, not of its tokens.
+    plan.take(short, 100)
+    assert plan.pool_tokens(20_000) < deep and fresh - 100 <= plan.pool_tokens(0) < fresh
 
 
 def test_documents_take_their_share_of_the_gpu_oldest_first():
@@ -238,7 +260,7 @@ def test_a_resumed_request_is_long_by_its_whole_recompute_for_the_order_and_the_
     plan = policy.plan(decodes, [resumed, fresh], 8192, time.time())
     assert plan.cap(fresh) == 3000  # late: all that is left
     assert plan.grants[resumed] == policy.long_share_tokens(200, 400_000, 0, 8192 - 200)
-    assert plan.cap(resumed) == max(plan.grants[resumed], plan.pool) < 5000
+    assert plan.cap(resumed) == max(plan.grants[resumed], plan.pool_tokens(0)) < 5000
 
 
 def test_a_running_document_leaves_a_waiting_prompt_its_share():
