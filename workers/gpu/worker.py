@@ -110,7 +110,9 @@ class GpuWorker:
         self.busy = BusyMeter(worker_id, settings.busy_interval_s)
         self.load = LoadReport()
         self.prices = StepPrices()  # what a turn costs, fit on this worker's own turns
-        calibration = getattr(engine, "calibration_report", None) or {}
+        # the step-cost model's start-up fit (engine/runner/step_calibration.py), None without
+        self.calibration = getattr(engine, "calibration_report", None)
+        calibration = self.calibration or {}
         if calibration.get("samples"):
             # the engine's start-up steps, kept in every fit of the turns' prices too: served
             # turns alone leave a document's cost as open as they left the engine's model
@@ -184,11 +186,11 @@ class GpuWorker:
         if self.settings.worker_metrics_port:
             self.metrics.serve(self.settings.worker_metrics_port)
         log.info("worker %s ready (model %s)", self.worker_id, self.settings.model)
-        calibration = getattr(self.engine, "calibration_report", None)
+        calibration = self.calibration
         if calibration and "error" in calibration:
             log.warning("step-cost calibration failed, the model fits online only: %s",
                         calibration["error"])  # fmt: skip
-        elif calibration:  # the step-cost model's start-up fit (engine/runner/step_calibration.py)
+        elif calibration:
             log.info("step costs calibrated: %d steps in %.1f s, weights %s",
                      calibration["steps"], calibration["seconds"],
                      " ".join(f"{w:.3g}" for w in calibration["weights"]))  # fmt: skip
@@ -269,9 +271,8 @@ class GpuWorker:
         previous step's tokens go out first and the wait overlaps the launch too."""
         if step.graphed:
             self._launch(step)
-            pending = self.trip.start(busy=True, in_background=True)
-        else:
-            pending = self.trip.start(busy=True, in_background=True)
+        pending = self.trip.start(busy=True, in_background=True)
+        if not step.graphed:
             self._launch(step)
         deltas = self.engine.finish_step(step)
         self.pacer.done()
