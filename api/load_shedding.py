@@ -148,9 +148,16 @@ class WorkerLoad:
             prompt_tokens
         )
         chunk = self.prefill_chunk_tokens
+        own_turns = prompt_tokens / max(1, chunk)
         if 0 < self.prefill_hold_tokens <= prompt_tokens and self.prefill_long_chunk_tokens > 0:
             chunk = min(chunk, self.prefill_long_chunk_tokens)  # a long prompt's share a turn
-        turns = math.ceil((ahead + prompt_tokens) / max(1, chunk))
+            # The engine grants a long prompt its share in seconds, each chunk priced at its own
+            # offset (engine/core/step_cost.py, PrefillPolicy): the published chunk is the one at
+            # offset 0, and later chunks, paying attention over all before them, are smaller.
+            # Its turns are its own prefill over that chunk's time.
+            turn_s = chunk * self.prefill_tok_s + self.prefill_pair_s * causal_pairs(chunk)
+            own_turns = own_s / turn_s if turn_s > 0 else prompt_tokens / chunk
+        turns = math.ceil(ahead / max(1, chunk) + own_turns - 1e-9)
         return turns * self.prefill_step_s + ahead_s + own_s + self.decode_step_s
 
 

@@ -160,6 +160,26 @@ def test_a_long_prompt_under_a_step_target_is_priced_in_the_chunks_the_target_al
     assert short == pytest.approx(0.3 + STEP_S + 3000 * TOK_S + DECODE_S)
 
 
+def test_a_long_prompt_s_later_chunks_are_priced_at_their_own_offsets():
+    # The engine grants a document the published chunk's time at offset 0, each later chunk
+    # priced at its own offset (its attention over all before it): with a pair price, more turns
+    # than tokens / chunk. The forecast counts them as the engine makes them, within a turn.
+    pair_s = 2e-9
+    target = {"prefill_hold_s": 0.3, "prefill_hold_tokens": 4000, "prefill_long_chunk_tokens": 1000}
+    prompt = 30_000
+    own_s = prompt * TOK_S + pair_s * causal_pairs(prompt)
+    turn_s = 1000 * TOK_S + pair_s * causal_pairs(1000)
+    done, engine_turns = 0, 0
+    while done < prompt:  # the engine's chunks: the largest p whose time at `done` fits turn_s
+        a, b = pair_s / 2, TOK_S + pair_s * (done + 0.5)
+        done += max(1, int((-b + math.sqrt(b * b + 4 * a * turn_s)) / (2 * a)))
+        engine_turns += 1
+    ttft = load(worker(pair_s=pair_s, **target)).predict("interactive", prompt).ttft_s
+    turns = round((ttft - own_s - DECODE_S) / STEP_S)
+    assert turns > prompt // 1000 + 3  # what tokens / chunk would have said: 30
+    assert abs(turns - engine_turns) <= 1
+
+
 def test_flex_gets_only_the_seats_interactive_demand_leaves():
     # Nothing startable, one mean request of flex work waiting in the engine: with no
     # interactive demand flex waits for it and its own; when interactive work holds 90 % of
