@@ -13,7 +13,7 @@
 export GOODPUT70=${GOODPUT70:-"0.7 1 1.25"}
 export SERVE_ENV=${SERVE_ENV:-"FLEETLM_STEP_TIME_TARGET_S=0.03"}
 part_serve70_goodput_base() {
-  SERVE_ENV="" SERVE70_NAME=serve70_goodput_base GOODPUT70="0.7 1" part_serve70_goodput
+  SERVE_ENV="" SERVE70_NAME=serve70_goodput_base GOODPUT70="${BASE70:-0.7 1}" part_serve70_goodput
 }
 part_serve8_loop() { SERVE_ENV="" RATES8=28 part_serve8; }
 run_parts "${PARTS:-tests_calibration serve70_goodput serve70_goodput_base serve8_loop}"
