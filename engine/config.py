@@ -58,8 +58,13 @@ class EngineConfig:
     # takes only as many prefill tokens as keep its predicted time under it (None: the whole
     # max_num_batched_tokens budget may go to prefill, as without the model).
     step_time_target_s: float | None = None
-    # With a target: time synthetic steps of chosen shapes at start-up and keep them in every
-    # fit of the cost model (engine/runner/step_calibration.py; seconds on a 70B).
+    # Without a target: prompts still take whole steps, but while decodes run the long prompts
+    # get only long_prompt_share of the GPU's time (a 70B's 30k-token document is ~10 s of an
+    # H200; taken in whole steps it holds every running stream that long).
+    pace_long_prompts: bool = False
+    # With a target or paced documents: time synthetic steps of chosen shapes at start-up and
+    # keep them in every fit of the cost model (engine/runner/step_calibration.py; seconds on a
+    # 70B).
     calibrate_step_costs: bool = True
     prefill_ttft_guard_s: float = 0.0  # a short interactive prompt waiting this long goes first
     # With a target, prompts still get the tokens they are due (engine/core/step_cost.py

@@ -117,7 +117,9 @@ class Settings(BaseSettings):
     # Latency-aware prefill (docs/serving.md): steps with decodes keep their predicted time under
     # this target (None: off, each step may fill max_num_batched_tokens with prefill).
     step_time_target_s: float | None = None
-    calibrate_step_costs: bool = True  # with a target: time chosen steps at start-up
+    # Without a target: short prompts keep whole steps, documents their share (engine/config.py)
+    pace_long_prompts: bool = False
+    calibrate_step_costs: bool = True  # with a target or paced documents: time chosen steps
     prefill_ttft_guard_s: float = 0.0
     ttft_prompt_tokens: int = 4000
     ttft_target_s: float = Field(0.8, gt=0)  # with a target: when a short prompt's token is due

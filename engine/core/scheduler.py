@@ -19,6 +19,7 @@
 # decodes need. The order among prompt chunks is engine/core/prefill_order.py's.
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -480,9 +481,9 @@ def build_scheduler(
     """The scheduler of an engine with `config`: its prefill policy (with a step-time target)
     and prefill order. fleetlm/bench/schedule_sim.py builds the same one on a virtual clock."""
     policy = None
-    if config.step_time_target_s is not None:
+    if config.step_time_target_s is not None or config.pace_long_prompts:
         policy = PrefillPolicy(
-            config.step_time_target_s,
+            config.step_time_target_s or math.inf,
             ttft_guard_s=config.prefill_ttft_guard_s,
             ttft_target_s=config.ttft_target_s,
             long_prompt_share=config.long_prompt_share,

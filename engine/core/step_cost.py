@@ -150,6 +150,8 @@ class StepCostModel:
             return limit
         if seconds < 0:
             return 0
+        if math.isinf(seconds):
+            return limit
         # seconds ≥ w_tok·p + w_pair·p·(computed + (p + 1)/2): a quadratic in p.
         a = w[5] / 2
         b = w[4] + w[5] * (computed + 0.5)
@@ -173,6 +175,7 @@ class PrefillPlan:
 
     pool: float  # tokens; seconds with a model
     grants: dict = field(default_factory=dict)  # Request -> its floor, pool or not
+    paced: frozenset = frozenset()  # requests held to their grants, whatever the pool
     from_pool: dict = field(default_factory=dict)  # Request -> what it took of the pool
     model: StepCostModel | None = None
 
@@ -189,6 +192,8 @@ class PrefillPlan:
     def cap(self, request, computed: int | None = None) -> int:
         """computed: the request's tokens before this chunk (its prefix-cache hits when it is
         being admitted); its num_computed_tokens by default."""
+        if request in self.paced:
+            return self.grants[request]
         computed = request.num_computed_tokens if computed is None else computed
         return max(self.grants.get(request, 0), self.pool_tokens(computed))
 
@@ -316,7 +321,9 @@ class PrefillPolicy:
         if longs:
             head = min(longs, key=lambda r: (r.priority.rank, r.arrival_time or 0.0))
             grants[head] = self.long_share_tokens(rows, context, head.num_computed_tokens, limit)
-        return PrefillPlan(pool_s, grants, model=self.model)
+        # Without a target the pool is unbounded: the long prompts keep to their share.
+        paced = frozenset(longs) if math.isinf(pool_s) else frozenset()
+        return PrefillPlan(pool_s, grants, paced, model=self.model)
 
     def observe(self, features: StepFeatures | None, seconds: float) -> None:
         if features is not None:

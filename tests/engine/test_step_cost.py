@@ -2,6 +2,7 @@
 # synthetic step-time function, the allowance keeps the predicted step under the target, and
 # the scheduler chunks prompts by it while decodes run — except for a short interactive prompt
 # that has waited too long, which gets the whole step.
+import math
 import random
 import time
 
@@ -242,6 +243,43 @@ def test_documents_take_their_share_of_the_gpu_oldest_first():
     # A later share for a document that waited longer does not grow: time, not a deadline.
     older = _Req(30_000, computed=5_000, age_s=60.0)
     assert policy.plan(decodes, [older], 8192, time.time()).cap(older) == tokens
+
+
+def test_paced_documents_without_a_target_keep_to_their_share_while_short_prompts_go_whole():
+    # pace_long_prompts: no step target, so a short prompt takes the whole budget beside the
+    # decodes (no deadline spreading; on an H100 that cost the 8B 11 % more prompt time), while
+    # a document gets only its share of the step (a 70B's takes ~10 s of the GPU in whole steps).
+    engine = _engine(None, pace_long_prompts=True, max_num_batched_tokens=8192,
+                     max_model_len=16384, num_kv_blocks=2048)  # fmt: skip
+    policy = engine.prefill_policy
+    assert policy is not None and math.isinf(policy.step_time_target_s)
+    policy.model = fitted_model()
+    policy.observe = lambda features, seconds: None
+    decode = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    for i in range(8):
+        engine.add_request(f"chat-{i}", list(range(1, 20)), decode)
+    engine.step()
+    engine.add_request("doc", [7] * 12000, decode, "batch")
+    engine.step()
+    features = engine.scheduler.last_features
+    share = policy.long_share_tokens(8, features.decode_context, 0, 8192 - 8)
+    assert 1 < features.prefill_tokens == share < 2048
+    decode_s = policy.model.predict(StepFeatures(8, features.decode_context, 0, 0.0))
+    doc_s = policy.model.predict(features) - decode_s - policy.model.weights[1]
+    assert doc_s == pytest.approx(decode_s / 3, rel=0.05)  # a quarter of the step
+    # A short prompt beside it goes through whole; the document keeps to its share.
+    done = engine.scheduler.requests["doc"].num_computed_tokens
+    engine.add_request("chat", list(range(500, 3500)), decode, arrival_time=time.time())
+    engine.step()
+    assert engine.scheduler.requests["chat"].num_computed_tokens == 3000
+    assert engine.scheduler.requests["doc"].num_computed_tokens - done <= 2 * share
+    # With nothing decoding a document takes whole budgets, as without the policy.
+    alone = _engine(None, pace_long_prompts=True, max_num_batched_tokens=4096,
+                    max_model_len=16384, num_kv_blocks=2048)  # fmt: skip
+    alone.prefill_policy.model = fitted_model()
+    alone.add_request("doc", [7] * 12000, decode, "batch")
+    alone.step()
+    assert alone.scheduler.last_features.prefill_tokens == 4096
 
 
 def test_a_resumed_request_is_long_by_its_whole_recompute_for_the_order_and_the_policy():

@@ -313,11 +313,13 @@ def _prefill_outlook(engine: LLMEngine, prices: StepPrices, new_prompt_tokens: f
         # What the target allows is shared: the short prompts take theirs first (on an H100 the
         # 8B's 29-30k-token documents took 2.3-5.3 s against forecasts of 1.8-2.1 s priced at
         # the whole allowance).
-        allowed = policy.model.max_prefill_tokens(
-            num_running, context, 0, policy.step_time_target_s, chunk
-        )
-        allowed = int(max(0.0, allowed - new_prompt_tokens))
-        allowed = max(allowed, policy.long_share_tokens(num_running, context, 0, chunk))
+        share = policy.long_share_tokens(num_running, context, 0, chunk)
+        allowed = share  # no target: the long prompts keep to their share (pace_long_prompts)
+        if not math.isinf(policy.step_time_target_s):
+            allowed = policy.model.max_prefill_tokens(
+                num_running, context, 0, policy.step_time_target_s, chunk
+            )
+            allowed = max(int(max(0.0, allowed - new_prompt_tokens)), share)
         long_chunk = min(long_chunk, max(1, allowed))
     return {
         "prefill_step_s": prices.prefill_step_s(num_running, context),
