@@ -21,5 +21,10 @@ part_serve70_goodput_paced() {
   SERVE_ENV="FLEETLM_PACE_LONG_PROMPTS=true" SERVE70_NAME=serve70_goodput_paced \
     GOODPUT70="${PACED70:-0.7 1}" part_serve70_goodput
 }
+# The same A/B on the 8B (an H100 when no H200 comes): paced against the defaults.
+part_serve8_goodput_paced() {
+  SERVE_ENV="FLEETLM_PACE_LONG_PROMPTS=true" SERVE8_NAME=serve8_goodput_paced part_serve8_goodput
+}
+part_serve8_goodput_base() { SERVE_ENV="" SERVE8_NAME=serve8_goodput_base part_serve8_goodput; }
 part_serve8_loop() { SERVE_ENV="" RATES8=28 part_serve8; }
 run_parts "${PARTS:-tests_calibration serve70_goodput serve70_goodput_base serve8_loop}"
