@@ -62,6 +62,11 @@ class EngineConfig:
     # get only long_prompt_share of the GPU's time (a 70B's 30k-token document is ~10 s of an
     # H200; taken in whole steps it holds every running stream that long).
     pace_long_prompts: bool = False
+    # Prefill attention cuts the key range of a step's prompt chunks into splits when the chunks
+    # alone would leave SMs idle (kernels/paged_prefill_attention.py prefill_num_splits): a
+    # document's short chunk over a 21k prefix launched 24 programs on an H100's 132 SMs. Off
+    # until a GPU measures it.
+    prefill_split_keys: bool = False
     # With a target or paced documents: time synthetic steps of chosen shapes at start-up and
     # keep them in every fit of the cost model (engine/runner/step_calibration.py; seconds on a
     # 70B).

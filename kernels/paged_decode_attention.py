@@ -596,19 +596,32 @@ def paged_decode_attention(
         num_stages=num_stages,
     )
     if num_splits > 1 and partials is None:
-        block_h = reduce_heads_per_program(num_heads, group, num_splits)
-        _decode_reduce_kernel[(num_seqs, triton.cdiv(num_heads, block_h))](
-            part_max,
-            part_sum,
-            part_acc,
-            out,
-            num_heads,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            HEAD_DIM=head_dim,
-            BLOCK_S=next_power_of_2(num_splits),
-            BLOCK_H=block_h,
-            num_warps=4 if head_dim >= 128 else 2,
-        )
+        reduce_partials(part_max, part_sum, part_acc, out, group, num_splits)
     return out
+
+
+def reduce_partials(
+    part_max: torch.Tensor,  # [rows, num_heads, num_splits] float32, contiguous
+    part_sum: torch.Tensor,  # [rows, num_heads, num_splits] float32, contiguous
+    part_acc: torch.Tensor,  # [rows, num_heads, num_splits, head_dim] float32, contiguous
+    out: torch.Tensor,  # [rows, num_heads, head_dim]; rows: sequences here, tokens in prefill
+    group: int,
+    num_splits: int,
+) -> None:
+    """out[r, h] = the softmax-weighted merge of the num_splits partials of (r, h)."""
+    rows, num_heads, head_dim = out.shape
+    block_h = reduce_heads_per_program(num_heads, group, num_splits)
+    _decode_reduce_kernel[(rows, triton.cdiv(num_heads, block_h))](
+        part_max,
+        part_sum,
+        part_acc,
+        out,
+        num_heads,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_S=next_power_of_2(num_splits),
+        BLOCK_H=block_h,
+        num_warps=4 if head_dim >= 128 else 2,
+    )

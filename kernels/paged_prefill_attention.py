@@ -32,6 +32,7 @@ from kernels._launch import (
     output_buffer,
 )
 from kernels.fp8_quant import kv_scales
+from kernels.paged_decode_attention import reduce_partials
 
 
 def paged_prefill_attention_ref(
@@ -185,16 +186,17 @@ def _attend_paged_keys(
     KV_FP8: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    key_start=0,  # a multiple of BLOCK_N: a split of the key range starts here
 ):
-    """Keys [0, key_end) of one sequence's paged cache into the running softmax state, in two
-    loops so the first needs no masks (full_end: a multiple of BLOCK_N)."""
-    for n0 in range(0, full_end, BLOCK_N):
+    """Keys [key_start, key_end) of one sequence's paged cache into the running softmax state,
+    in two loops so the first needs no masks (full_end: a multiple of BLOCK_N)."""
+    for n0 in range(key_start, full_end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, q_pos, m_i, l_i, acc, n0, key_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
             stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
             HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, KV_FP8, UPCAST_DOT, DOT_PRECISION,
         )  # fmt: skip
-    for n0 in range(full_end, key_end, BLOCK_N):
+    for n0 in range(tl.maximum(full_end, key_start), key_end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, q_pos, m_i, l_i, acc, n0, key_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
             stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
@@ -216,8 +218,12 @@ def _prefill_kernel(
     seq_lens_ptr,  # [num_seqs]
     query_start_loc_ptr,  # [num_seqs + 1]
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    part_max_ptr,  # SPLIT: [num_tokens, num_heads, num_splits] float32, running max (log2)
+    part_sum_ptr,  # SPLIT: [num_tokens, num_heads, num_splits] float32, sum of exp2(s - max)
+    part_acc_ptr,  # SPLIT: [num_tokens, num_heads, num_splits, HEAD_DIM] float32, P @ V
     qk_scale,  # softmax scale * k_scale * log2(e)
     v_scale,  # FP8 cache: the output times this
+    num_splits,  # key ranges per (tile, sequence, KV head): grid axis 2 is num_kv_heads * this
     stride_q_tok,
     stride_q_head,
     stride_kc_block,
@@ -237,10 +243,12 @@ def _prefill_kernel(
     KV_FP8: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partials for the reduce kernel, not out
 ):
     tile = tl.program_id(0)
     seq = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    kv_head = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
 
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
@@ -270,6 +278,14 @@ def _prefill_kernel(
     kv_end = last_pos + 1
     full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N
 
+    # This split's keys [key_start, key_end): the sequence's keys cut into num_splits ranges of
+    # whole tiles, clipped to what the tile's last row sees. A split past it attends nothing
+    # and leaves (-inf, 0) partials, which the reduce weighs 0.
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    key_start = split * split_len
+    key_end = tl.minimum(key_start + split_len, kv_end)
+    full_end = tl.minimum(full_end, key_end)  # whole tiles when it ends before full_end
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -277,14 +293,23 @@ def _prefill_kernel(
     k_base_ptr = k_cache_ptr + kv_head * stride_kc_head  # k_cache[:, :, kv_head, :]
     v_base_ptr = v_cache_ptr + kv_head * stride_vc_head  # v_cache[:, :, kv_head, :]
     m_i, l_i, acc = _attend_paged_keys(
-        q, q_pos, m_i, l_i, acc, full_end, kv_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
+        q, q_pos, m_i, l_i, acc, full_end, key_end, bt_row_ptr, k_base_ptr, v_base_ptr, qk_scale,
         stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, KV_FP8, UPCAST_DOT, DOT_PRECISION,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, KV_FP8, UPCAST_DOT, DOT_PRECISION, key_start,
     )  # fmt: skip
+    if KV_FP8:
+        acc = acc * v_scale
+    if SPLIT:
+        # partials[tok, head, split]: contiguous, as kernels/paged_decode_attention.py's reduce
+        # reads them (its sequences are this launch's tokens)
+        stat = (tok * (tl.num_programs(2) // num_splits) * GROUP + heads) * num_splits + split
+        tl.store(part_max_ptr + stat, m_i, mask=row_mask)
+        tl.store(part_sum_ptr + stat, l_i, mask=row_mask)
+        acc_ptrs = part_acc_ptr + stat[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.store(acc_ptrs, acc, mask=row_mask[:, None] & (l_i > 0)[:, None])
+        return
 
     o = acc / l_i[:, None]  # l_i >= 1: each row's max key contributes exp2(0)
-    if KV_FP8:
-        o = o * v_scale
     # out[tok, heads, d]
     o_ptrs = (
         out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :]
@@ -300,6 +325,9 @@ BLOCK_M_16BIT = 128  # rows per program for bf16/fp16 with head_dim <= 128
 BLOCK_M_32BIT = 64  # rows per program otherwise (fp32 tiles need twice the shared memory)
 BLOCK_N_DEFAULT = 64  # keys per tile (32 when head_dim > 128)
 NUM_STAGES = 3
+MAX_SPLITS = 64  # the reduce kernel holds every split of a (token, head) at once
+MIN_KEYS_PER_SPLIT = 512  # a split's walk below this is mostly its partials' traffic
+PROGRAMS_PER_SM = 2
 
 
 def paged_prefill_attention(
@@ -315,14 +343,20 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    num_splits: int = 1,
 ) -> torch.Tensor:
     """Triton twin of `paged_prefill_attention_ref` (causal varlen over the paged cache).
 
     max_query_len: host int >= every q_len (sizes the grid; query rows past it would be left
     unwritten). A generous bound is fine: the extra programs return at once.
     Tokens after query_start_loc[-1] (CUDA-graph padding) are left untouched in `out`, as in the
-    reference. The grid depends only on host ints, so the call can be graph-captured.
+    reference, with num_splits 1; with more the reduce writes them as zeros. The grid depends
+    only on host ints, so the call can be graph-captured.
     Sequences must satisfy q_len <= seq_len (the chunk's keys are already in the cache).
+    num_splits: key ranges per (row tile, sequence, KV head), merged by the decode kernel's
+    reduce. A short chunk over a long prefix fills few programs, each walking every key in turn
+    (on an H100 a 74-token chunk at a 21k offset launched 24 on 132 SMs for the 8B and cost a
+    step +23 ms); `prefill_num_splits` picks a count from host ints.
     """
     shape = check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens)
     num_seqs, num_heads, num_kv_heads = shape.num_seqs, shape.num_heads, shape.num_kv_heads
@@ -344,7 +378,20 @@ def paged_prefill_attention(
     BLOCK_M = BLOCK_M_16BIT if big_tile else BLOCK_M_32BIT
     BLOCK_M = min(BLOCK_M, max(16, triton.next_power_of_2(rows)))  # short chunks: small tiles
     BLOCK_N = BLOCK_N_DEFAULT if head_dim <= 128 else 32
-    grid = (triton.cdiv(rows, BLOCK_M), num_seqs, num_kv_heads)
+    num_splits = host_int("num_splits", num_splits)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    num_tokens = q.shape[0]
+    part_max = part_sum = part_acc = out  # unused without splits
+    if num_splits > 1:
+        part_max = torch.full(
+            (num_tokens, num_heads, num_splits), float("-inf"), dtype=torch.float32, device=q.device
+        )
+        part_sum = torch.zeros_like(part_max)
+        part_acc = torch.empty(
+            (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+    grid = (triton.cdiv(rows, BLOCK_M), num_seqs, num_kv_heads * num_splits)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -353,8 +400,12 @@ def paged_prefill_attention(
         seq_lens,
         query_start_loc,
         out,
+        part_max,
+        part_sum,
+        part_acc,
         float(scale) * float(k_scale) * LOG2E,
         float(v_scale),
+        num_splits,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -374,7 +425,26 @@ def paged_prefill_attention(
         KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
         UPCAST_DOT=upcast,
         DOT_PRECISION=precision,
+        SPLIT=num_splits > 1,
         num_warps=8 if BLOCK_M >= 128 else 4,
         num_stages=NUM_STAGES,
     )
+    if num_splits > 1:
+        reduce_partials(part_max, part_sum, part_acc, out, group, num_splits)
     return out
+
+
+def prefill_num_splits(
+    num_seqs: int, max_query_len: int, max_seq_len: int, group: int, num_kv_heads: int,
+    num_sms: int,
+) -> int:  # fmt: skip
+    """Splits so that the launch has ~PROGRAMS_PER_SM programs per SM when its chunks alone
+    would leave SMs idle, each split keeping >= MIN_KEYS_PER_SPLIT keys of the longest
+    sequence; 1 when the chunks fill the GPU or the sequences are short. Host ints only."""
+    rows = max_query_len * group
+    block_m = BLOCK_M_16BIT if rows >= BLOCK_M_16BIT else max(16, triton.next_power_of_2(rows))
+    programs = triton.cdiv(rows, block_m) * num_seqs * num_kv_heads
+    if programs >= num_sms:
+        return 1
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
+    return max(1, min(wanted, max_seq_len // MIN_KEYS_PER_SPLIT, MAX_SPLITS))

@@ -119,6 +119,7 @@ class Settings(BaseSettings):
     step_time_target_s: float | None = None
     # Without a target: short prompts keep whole steps, documents their share (engine/config.py)
     pace_long_prompts: bool = False
+    prefill_split_keys: bool = False  # split the prefill attention's keys over idle SMs
     calibrate_step_costs: bool = True  # with a target or paced documents: time chosen steps
     prefill_ttft_guard_s: float = 0.0
     ttft_prompt_tokens: int = 4000

@@ -33,6 +33,7 @@ def run(bench: Bench, only: set[str] | None) -> dict[str, Any]:
         "decode_splits": decode.bench_decode_splits,
         "prefill": prefill.bench_prefill,
         "prefill_8k": prefill.bench_prefill_8k,
+        "prefill_split": prefill.bench_prefill_split,
         "elementwise": elementwise.bench_elementwise,
         "skinny_gemm": fp8.bench_skinny_gemm,
         "fp8": fp8.bench_fp8,
@@ -74,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma list of sections: decode,decode_splits,prefill,prefill_8k,elementwise,fp8,"
-        "prefill_sweep (opt-in)",
+        help="comma list of sections: decode,decode_splits,prefill,prefill_8k,prefill_split,"
+        "elementwise,fp8,prefill_sweep (opt-in)",
     )
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)

@@ -139,6 +139,48 @@ def bench_prefill(bench: Bench) -> None:
         bench.run_case(dense_case, body_dense)
 
 
+# short chunks over long prefixes: one key range against the split ones
+def bench_prefill_split(bench: Bench) -> None:
+    """A document's chunk beside running decodes (the engine's paced share): few row tiles, a
+    long prefix. The paged kernel with one key range, with prefill_num_splits' count, and the
+    dense kernel (the bf16 cache's default)."""
+    if bench.smoke:
+        H, Hkv, D, bs, num_sms = 4, 2, 64, 16, 8
+        shapes = [(1, 8, 1100)]
+    else:
+        H, Hkv, D, bs = 32, 8, 128, 16
+        num_sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
+        # (seqs, chunk, cached prefix): the H100's 8B document chunk, and neighbours
+        shapes = [(1, 74, 21_526), (1, 128, 16_000), (2, 32, 8_000), (1, 512, 20_000)]
+    print(f"-- prefill splits: q heads {H}, kv heads {Hkv}, head_dim {D}, {num_sms} SMs")
+    scale = D**-0.5
+    for n, q_len, prefix in shapes:
+        seq_len = prefix + q_len
+        splits = bench.pre.prefill_num_splits(n, q_len, seq_len, H // Hkv, Hkv, num_sms)
+        for label, count in (("one range", 1), (f"{splits} splits", splits)):
+            config = {"shape": f"{n}x{q_len} +prefix {prefix}", "splits": label,
+                      "show": ["shape", "splits"]}  # fmt: skip
+            case = Case("paged_prefill_attention", config, unit="TFLOP/s")
+
+            def body(case: Case, n=n, q_len=q_len, seq_len=seq_len, count=count) -> None:
+                q, k_cache, v_cache, table, seq_lens, qsl = prefill_inputs(
+                    bench, n, q_len, seq_len, H, Hkv, D, bs
+                )
+                out = torch.empty_like(q)
+
+                def run() -> None:
+                    bench.pre.paged_prefill_attention(
+                        q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale, out=out,
+                        num_splits=count,
+                    )  # fmt: skip
+
+                ref_args = (q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale)
+                work = causal_prefill_flops(n, seq_len - q_len, q_len, H, D)
+                check_and_time_prefill(bench, case, run, out, ref_args, work)
+
+            bench.run_case(case, body)
+
+
 # prefill attention on 1 x 8192 causal: the issue-15 target
 def bench_prefill_8k(bench: Bench) -> None:
     """The old paged path, the dense path's default and every config in its sweep, and

@@ -42,6 +42,9 @@ class AttentionMetadata:
     # covers each row's suffix and decode_prefix_splits each group's prefix. None: plain.
     decode_prefix_groups: PrefixGroups | None = None
     decode_prefix_splits: int = 1
+    # Key ranges of the prompt chunks' attention (EngineConfig.prefill_split_keys); > 1 takes
+    # the paged kernel whatever the cache's dtype, its reduce merging the ranges
+    prefill_num_splits: int = 1
 
 
 def prefill_tail(meta: AttentionMetadata) -> AttentionMetadata:
@@ -117,7 +120,7 @@ def paged_attention(
             max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits, out=out[:nd],
             k_scale=k_scale, v_scale=v_scale, seq_order=meta.decode_order,
         )  # fmt: skip
-    if nd < num_seqs and k_cache.dtype == q.dtype:
+    if nd < num_seqs and k_cache.dtype == q.dtype and meta.prefill_num_splits == 1:
         dense_prefill_attention(
             q[nd:], k[nd:], v[nd:], k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
             meta.prefill_query_start_loc, meta.max_query_len, scale, out=out[nd:],
@@ -126,6 +129,6 @@ def paged_attention(
         paged_prefill_attention(
             q[nd:], k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
             meta.prefill_query_start_loc, meta.max_query_len, scale, out=out[nd:],
-            k_scale=k_scale, v_scale=v_scale,
+            k_scale=k_scale, v_scale=v_scale, num_splits=meta.prefill_num_splits,
         )  # fmt: skip
     return out

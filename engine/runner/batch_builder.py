@@ -55,6 +55,7 @@ class PackedBatch:
     num_fed: int = 0
     prefix_groups: tuple[int, int] | None = None  # (groups, rows per group) in i32's tail
     decode_prefix_splits: int = 1
+    prefill_num_splits: int = 1  # key ranges of the prompt chunks' attention
     # Rank 0 only (host objects the sampler reads); never sent to the other ranks.
     sampling_requests: list[Request] = field(default_factory=list)
 
@@ -69,11 +70,14 @@ class BatchBuilder:
         device: torch.device,
         num_kv_heads: int = 1,
         prefix_groups: PrefixGroupLimits | None = None,
+        prefill_split: tuple[int, int] | None = None,
     ) -> None:
         self.block_size = block_size
         self.device = device
         self.num_kv_heads = num_kv_heads
         self.prefix_groups = prefix_groups  # None: shared-prefix decode off
+        # (query heads per KV head, SMs): the prefill attention's key splits; None: one range
+        self.prefill_split = prefill_split
 
     def prepare(self, out: SchedulerOutput) -> PreparedBatch:
         return self.to_device(self.pack(out))
@@ -151,6 +155,15 @@ class BatchBuilder:
                 prefix_splits = self._prefix_splits(found.num_groups, int(found.prefix_lens.max()))
         if groups is None:
             splits = self.decode_splits(seq_lens[:nd])
+        prefill_splits = 1
+        if self.prefill_split is not None and nd < num_seqs:
+            from kernels.paged_prefill_attention import prefill_num_splits
+
+            group, num_sms = self.prefill_split
+            prefill_splits = prefill_num_splits(
+                num_seqs - nd, max(out.num_new_tokens[nd:]), max(seq_lens[nd:]), group,
+                self.num_kv_heads, num_sms,
+            )  # fmt: skip
         return PackedBatch(
             i64=np.array(
                 tokens + positions + slots + logits_indices + fed_rows + fed_from, dtype=np.int64
@@ -167,6 +180,7 @@ class BatchBuilder:
             num_fed=len(fed_rows),
             prefix_groups=groups,
             decode_prefix_splits=prefix_splits,
+            prefill_num_splits=prefill_splits,
         )
 
     def to_device(self, packed: PackedBatch) -> PreparedBatch:
@@ -191,6 +205,7 @@ class BatchBuilder:
             max_decode_seq_len=max(seq_lens[:nd], default=0),
             decode_num_splits=packed.decode_num_splits,
             decode_order=i32[order_at:groups_at] if nd else None,
+            prefill_num_splits=packed.prefill_num_splits,
         )
         if packed.prefix_groups is not None:
             from kernels.shared_prefix_decode import PrefixGroups

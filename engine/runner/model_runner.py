@@ -92,8 +92,16 @@ class ModelRunner:
             self.draft.allocate(self.num_blocks)
         self.eos_token_ids: tuple[int, ...] = model_config.eos_token_ids
         self.timing = StepTiming()
+        prefill_split = None
+        if config.prefill_split_keys and device.type == "cuda":
+            num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+            prefill_split = (self.shape.num_heads // self.shape.num_kv_heads, num_sms)
         self.batch_builder = BatchBuilder(
-            self.block_size, device, self.shape.num_kv_heads, shared_prefix_limits(config)
+            self.block_size,
+            device,
+            self.shape.num_kv_heads,
+            shared_prefix_limits(config),
+            prefill_split,
         )
         self.graphs: StepGraphs | None = None  # pure-decode steps
         self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks

@@ -101,3 +101,19 @@ def test_shared_prefix_decode_config():
         EngineConfig(model="tiny", shared_prefix_decode=True, enable_prefix_caching=False)
     with pytest.raises(ValueError, match="block_size"):
         EngineConfig(model="tiny", shared_prefix_min_tokens=8)
+
+
+def test_a_short_chunk_over_a_long_prefix_travels_with_key_splits():
+    # prefill_split (EngineConfig.prefill_split_keys on a GPU): a 74-token chunk after 21.5k
+    # cached tokens beside two decodes fills 3 row tiles x 8 KV heads of 132 SMs, so its
+    # attention is cut into key ranges; a whole 2,048-token chunk, or the option off, is not.
+    decodes = [_request("a", 6, 5), _request("b", 11, 10)]
+    doc = _request("doc", 21_600, 21_526)
+    out = SchedulerOutput(requests=[*decodes, doc], num_new_tokens=[1, 1, 74], num_decodes=2)
+    split = BatchBuilder(BLOCK, torch.device("cpu"), 8, prefill_split=(4, 132))
+    assert split.pack(out).prefill_num_splits == 11
+    assert split.prepare(out).meta.prefill_num_splits == 11
+    assert BatchBuilder(BLOCK, torch.device("cpu"), 8).pack(out).prefill_num_splits == 1
+    fresh = _request("fresh", 2048, 0)
+    whole = SchedulerOutput(requests=[*decodes, fresh], num_new_tokens=[1, 1, 2048], num_decodes=2)
+    assert split.pack(whole).prefill_num_splits == 1

@@ -275,14 +275,16 @@ def variants(dt: str = "bf16"):
             (), {"HEAD_DIM": head_dim, "BLOCK_S": 32,
                  "BLOCK_H": pda.reduce_heads_per_program(32, group, 32)}, 4, 1,
         )  # fmt: skip
-        for block_m in (ppa.BLOCK_M_16BIT, 16):
+        # whole chunks in one key range; a short chunk's rows, one range or split
+        for block_m, split in ((ppa.BLOCK_M_16BIT, False), (16, False), (16, True)):
             yield (
                 ppa._prefill_kernel,
-                {"q_ptr": dt, "out_ptr": dt, "query_start_loc_ptr": "i32", **kv},
+                {"q_ptr": dt, "out_ptr": dt, "query_start_loc_ptr": "i32", "part_max_ptr": "fp32",
+                 "part_sum_ptr": "fp32", "part_acc_ptr": "fp32", **kv},
                 ("qk_scale", "v_scale"),
                 {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_M": block_m,
                  "BLOCK_N": ppa.BLOCK_N_DEFAULT, "KV_FP8": kv_fp8, "UPCAST_DOT": False,
-                 "DOT_PRECISION": "tf32"},
+                 "DOT_PRECISION": "tf32", "SPLIT": split},
                 8 if block_m >= 128 else 4, ppa.NUM_STAGES,
             )  # fmt: skip
         if kv_fp8:  # the dense path keeps the cache in q's dtype

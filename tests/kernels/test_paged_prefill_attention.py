@@ -5,10 +5,17 @@
 import pytest
 import torch
 
-from kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+from kernels.paged_prefill_attention import (
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+    prefill_num_splits,
+)
 from tests.kernels.kernel_test_utils import (
     DEVICE,
+    K_SCALE,
+    V_SCALE,
     assert_close,
+    fp8_kv,
     gen,
     int_tensor,
     nan_like,
@@ -89,6 +96,61 @@ def test_prefill_matches_reference(
         dtype=dtype,
         seed=sum(seq_lens) * 7 + num_heads,
     )
+
+
+# (q_lens, seq_lens, num_splits): short chunks over long prefixes cut into key ranges, a split
+# count that leaves the last ranges empty for the shorter sequences, and a padded sequence
+SPLIT_CASES = [
+    ([3, 1], [300, 150], 4),
+    ([7, 20, 0], [520, 40, 0], 3),
+    ([16], [1000], 16),
+    ([2, 5, 1], [64, 700, 17], 7),
+]
+
+
+@pytest.mark.parametrize(("q_lens", "seq_lens", "num_splits"), SPLIT_CASES)
+@pytest.mark.parametrize("fp8", [False, True], ids=["f32", "e4m3"])
+def test_split_key_ranges_match_the_reference(q_lens, seq_lens, num_splits, fp8):
+    g = gen(sum(seq_lens) + num_splits)
+    num_heads, num_kv_heads, head_dim, block_size = 8, 2, 64, 16
+    k_cache, v_cache, tables = paged_kv(
+        seq_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+        dtype=torch.float32, g=g,
+    )  # fmt: skip
+    scales = {}
+    if fp8:
+        k_cache, v_cache = fp8_kv(k_cache, v_cache)
+        scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    q = randn(starts[-1] + 2, num_heads, head_dim, g=g)  # two padding tokens at the end
+    lens, qsl = int_tensor(seq_lens), int_tensor(starts)
+    out = paged_prefill_attention(
+        q, k_cache, v_cache, tables, lens, qsl, max(q_lens), 0.125, out=nan_like(q),
+        num_splits=num_splits, **scales,
+    )  # fmt: skip
+    ref = paged_prefill_attention_ref(
+        q, k_cache, v_cache, tables, lens, qsl, max(q_lens), 0.125, **scales
+    )
+    n = starts[-1]
+    assert_close(out[:n], ref[:n], torch.float32)
+    assert (out[n:] == 0).all()  # the reduce writes padding tokens as zeros
+    one = paged_prefill_attention(
+        q, k_cache, v_cache, tables, lens, qsl, max(q_lens), 0.125, **scales
+    )
+    torch.testing.assert_close(out[:n], one[:n], rtol=1e-5, atol=1e-6)
+
+
+def test_the_split_count_fills_idle_sms_only():
+    # The 8B's document chunk on an H100: 74 tokens x 4 heads of a group at a 21.6k offset, 8 KV
+    # heads: 3 row tiles, 24 programs on 132 SMs, so ~11 splits of ~2k keys.
+    assert prefill_num_splits(1, 74, 21_600, 4, 8, 132) == 11
+    # A 2,048-token chunk fills the GPU alone; short sequences keep >= 512 keys a split.
+    assert prefill_num_splits(1, 2048, 21_600, 4, 8, 132) == 1
+    assert prefill_num_splits(1, 74, 1_100, 4, 8, 132) == 2
+    assert prefill_num_splits(1, 74, 400, 4, 8, 132) == 1
+    assert prefill_num_splits(1, 4, 1 << 20, 8, 1, 132) == 64  # capped
 
 
 def test_prefill_chunked_equals_whole_prompt():
@@ -237,3 +299,26 @@ def test_prefill_gpu_bf16_realistic():
         dtype=torch.bfloat16,
         seed=25,
     )
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_split_key_ranges_gpu_bf16_realistic():
+    # the H100's 8B document chunk: 74 tokens at a ~21.5k offset, 32 / 8 heads, real bf16 dots,
+    # cut into the launcher's own count of key ranges, beside a decode row and a short prompt
+    seq_lens = [900, 21_600, 3_000]  # chunks of 1, 74 and 40 tokens
+    g = gen(77)
+    k_cache, v_cache, tables = paged_kv(
+        seq_lens, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, g=g
+    )
+    qsl = int_tensor([0, 1, 75, 115])
+    q = randn(115, 32, 128, g=g, dtype=torch.bfloat16)
+    lens = int_tensor(seq_lens)
+    num_sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    splits = prefill_num_splits(3, 74, 21_600, 4, 8, num_sms)
+    assert splits > 1
+    out = paged_prefill_attention(
+        q, k_cache, v_cache, tables, lens, qsl, 74, 128**-0.5, num_splits=splits
+    )
+    ref = paged_prefill_attention_ref(q, k_cache, v_cache, tables, lens, qsl, 74, 128**-0.5)
+    assert_close(out, ref, torch.bfloat16)
