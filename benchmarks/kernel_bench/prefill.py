@@ -45,6 +45,25 @@ def prefill_inputs(
     return bench.randn(n * q_len, H, D), k_cache, v_cache, table, seq_lens, qsl
 
 
+def time_paged_prefill(
+    bench: Bench, case: Case, n: int, q_len: int, seq_len: int, dims: tuple, num_splits: int = 1
+) -> tuple:
+    """Time the paged kernel on prefill_inputs' shape (dims: H, Hkv, D, block size); its
+    inputs, for the torch baselines."""
+    H, Hkv, D, bs = dims
+    inputs = prefill_inputs(bench, n, q_len, seq_len, H, Hkv, D, bs)
+    q, k_cache, v_cache, table, seq_lens, qsl = inputs
+    out, scale = torch.empty_like(q), D**-0.5
+    args = (q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale)
+
+    def run() -> None:
+        bench.pre.paged_prefill_attention(*args, out=out, num_splits=num_splits)
+
+    work = causal_prefill_flops(n, seq_len - q_len, q_len, H, D)
+    check_and_time_prefill(bench, case, run, out, args, work)
+    return inputs
+
+
 def bench_prefill(bench: Bench) -> None:
     import torch.nn.functional as F
 
@@ -79,19 +98,10 @@ def bench_prefill(bench: Bench) -> None:
         )
 
         def body(case: Case, n=n, prefix=prefix, q_len=q_len, seq_len=seq_len) -> None:
-            q, k_cache, v_cache, table, seq_lens, qsl = prefill_inputs(
-                bench, n, q_len, seq_len, H, Hkv, D, bs
+            dims = (H, Hkv, D, bs)
+            q, k_cache, v_cache, table, seq_lens, qsl = time_paged_prefill(
+                bench, case, n, q_len, seq_len, dims
             )
-            out = torch.empty_like(q)
-
-            def run() -> None:
-                bench.pre.paged_prefill_attention(
-                    q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale, out=out
-                )
-
-            ref_args = (q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale)
-            work = causal_prefill_flops(n, prefix, q_len, H, D)
-            check_and_time_prefill(bench, case, run, out, ref_args, work)
             if prefix == 0:
                 # dense flash baseline: K/V already gathered and expanded to all heads
                 k = k_cache[table.long()].flatten(1, 2)[:, :seq_len]  # [n, L, Hkv, D]
@@ -153,7 +163,6 @@ def bench_prefill_split(bench: Bench) -> None:
         # (seqs, chunk, cached prefix): the H100's 8B document chunk, and neighbours
         shapes = [(1, 74, 21_526), (1, 128, 16_000), (2, 32, 8_000), (1, 512, 20_000)]
     print(f"-- prefill splits: q heads {H}, kv heads {Hkv}, head_dim {D}, {num_sms} SMs")
-    scale = D**-0.5
     for n, q_len, prefix in shapes:
         seq_len = prefix + q_len
         splits = bench.pre.prefill_num_splits(n, q_len, seq_len, H // Hkv, Hkv, num_sms)
@@ -163,20 +172,7 @@ def bench_prefill_split(bench: Bench) -> None:
             case = Case("paged_prefill_attention", config, unit="TFLOP/s")
 
             def body(case: Case, n=n, q_len=q_len, seq_len=seq_len, count=count) -> None:
-                q, k_cache, v_cache, table, seq_lens, qsl = prefill_inputs(
-                    bench, n, q_len, seq_len, H, Hkv, D, bs
-                )
-                out = torch.empty_like(q)
-
-                def run() -> None:
-                    bench.pre.paged_prefill_attention(
-                        q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale, out=out,
-                        num_splits=count,
-                    )  # fmt: skip
-
-                ref_args = (q, k_cache, v_cache, table, seq_lens, qsl, q_len, scale)
-                work = causal_prefill_flops(n, seq_len - q_len, q_len, H, D)
-                check_and_time_prefill(bench, case, run, out, ref_args, work)
+                time_paged_prefill(bench, case, n, q_len, seq_len, (H, Hkv, D, bs), count)
 
             bench.run_case(case, body)
 
