@@ -12,6 +12,8 @@
 #   * with shared-prefix decode on, decodes in one group beside a chunk at every suffix and
 #     prefix split count (the split kernel's suffix variant, the prefix kernel, and the reduce
 #     over both, whose width is the sum);
+#   * with the prefill key splits on (EngineConfig.prefill_split_keys), the split variant of the
+#     paged prefill kernel at every tile height, and its partials' reduce at every split count;
 #   * with a draft model (speculative_method "draft"), the same steps through the draft too: it
 #     follows every prompt chunk eagerly and catches up in eager prefill passes, at its own head
 #     counts and widths, so its variants differ from the target's.
@@ -44,6 +46,7 @@ class WarmupStep:
     decode_splits: int | None  # None: no decodes
     chunks: tuple[tuple[int, int], ...]  # (query tokens, cached tokens before them) per prompt
     prefix_splits: int = 0  # > 0: the decodes form one shared-prefix group (split this often)
+    prefill_splits: int = 1  # key ranges of the chunks' attention (> 1: the split kernel)
 
     @property
     def num_tokens(self) -> int:
@@ -51,16 +54,21 @@ class WarmupStep:
 
 
 def warmup_steps(
-    max_tokens: int, max_model_len: int, shared_prefix: bool = False
+    max_tokens: int, max_model_len: int, shared_prefix: bool = False, prefill_split: bool = False
 ) -> list[WarmupStep]:
     """The synthetic steps: every chunk length with and without a cached prefix beside a few
     decodes, then every decode split count beside a short chunk (and with shared_prefix, beside
-    a shared-prefix group split as often). Steps longer than max_tokens or max_model_len are
-    left out (they cannot happen)."""
+    a shared-prefix group split as often; with prefill_split, every chunk length and split count
+    through the split prefill kernel). Steps longer than max_tokens or max_model_len are left
+    out (they cannot happen)."""
     steps = [WarmupStep(3, 1, ((q, prefix),)) for q in CHUNK_LENS for prefix in (0, CACHED_PREFIX)]
     steps += [WarmupStep(3, s, ((17, CACHED_PREFIX),)) for s in DECODE_SPLITS]
     if shared_prefix:
         steps += [WarmupStep(3, s, ((17, CACHED_PREFIX),), s) for s in DECODE_SPLITS]
+    if prefill_split:
+        steps += [WarmupStep(3, 1, ((q, CACHED_PREFIX),), prefill_splits=2) for q in CHUNK_LENS]
+        splits = DECODE_SPLITS[2:]  # 1 and 2 are above
+        steps += [WarmupStep(3, 1, ((17, CACHED_PREFIX),), prefill_splits=s) for s in splits]
     steps += [WarmupStep(0, None, ((q, 0),)) for q in (CHUNK_LENS[0], CHUNK_LENS[-1])]
     return [
         s for s in steps
@@ -115,7 +123,7 @@ def pack(
         i64=i64, i32=np.concatenate(parts), num_tokens=t,
         num_seqs=s, max_blocks=max_blocks, num_decodes=nd, max_query_len=max(q for q, _ in lens),
         has_drafts=False, decode_num_splits=step.decode_splits, prefix_groups=groups,
-        decode_prefix_splits=max(1, step.prefix_splits),
+        decode_prefix_splits=max(1, step.prefix_splits), prefill_num_splits=step.prefill_splits,
     )  # fmt: skip
 
 
@@ -130,7 +138,10 @@ def warm_up_mixed_steps(runner) -> dict:
     t0 = time.perf_counter()
     max_tokens = runner.config.max_num_batched_tokens
     limits = runner.batch_builder.prefix_groups
-    steps = warmup_steps(max_tokens, runner.max_model_len, shared_prefix=limits is not None)
+    split = runner.batch_builder.prefill_split is not None
+    steps = warmup_steps(
+        max_tokens, runner.max_model_len, shared_prefix=limits is not None, prefill_split=split
+    )
     max_rows = limits.max_rows if limits is not None else 16
     pieces = runner.piecewise
     for step in steps:

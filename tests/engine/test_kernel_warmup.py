@@ -178,3 +178,18 @@ def test_shared_prefix_steps_pack_one_group_at_every_split_count(model_dir):
     assert meta.decode_order.tolist() == list(range(nd))  # the layout before is intact
     report = warm_up_mixed_steps(runner)
     assert report["steps"] == len(warmup_steps(4096, runner.max_model_len, shared_prefix=True))
+
+
+def test_with_prefill_splits_every_tile_height_and_split_count_goes_through_the_split_kernel(
+    model_dir,
+):
+    plain = warmup_steps(4096, 4096)
+    steps = warmup_steps(4096, 4096, prefill_split=True)
+    split = [s for s in steps if s.prefill_splits > 1]
+    assert len(steps) == len(plain) + len(split) and not any(s.prefill_splits > 1 for s in plain)
+    assert {s.chunks[0][0] for s in split} == set(CHUNK_LENS)  # every tile height
+    assert {s.prefill_splits for s in split} == set(DECODE_SPLITS[1:])  # every reduce width
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", num_kv_blocks=64)
+    runner = llm.engine.runner
+    batch = runner.batch_builder.to_device(pack(split[-1], runner.block_size, 64, 4096))
+    assert batch.meta.prefill_num_splits == split[-1].prefill_splits == DECODE_SPLITS[-1]
