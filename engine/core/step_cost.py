@@ -219,6 +219,9 @@ class PrefillPolicy:
       and the whole budget once it is interactive and has waited `ttft_guard_s`;
     * the long prompts (documents; no TTFT target), first come first served: the oldest one
       gets `long_prompt_share` of the GPU's time beside the decodes, the others a token a step.
+    With step_time_target_s = inf (EngineConfig.pace_long_prompts) the pool has no bound and
+    the short prompts take whole steps as without a policy; only the long ones keep to their
+    grants.
 
     Why the deadline term (docs/serving.md#latency-aware-prefill): with a target alone, a
     model whose decode step already takes the target (the 70B in FP8 at ~80 running: 36-46 ms
