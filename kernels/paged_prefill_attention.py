@@ -302,7 +302,8 @@ def _prefill_kernel(
     if SPLIT:
         # partials[tok, head, split]: contiguous, as kernels/paged_decode_attention.py's reduce
         # reads them (its sequences are this launch's tokens)
-        stat = (tok * (tl.num_programs(2) // num_splits) * GROUP + heads) * num_splits + split
+        num_heads = (tl.num_programs(2) // num_splits) * GROUP
+        stat = (tok * num_heads + heads) * num_splits + split
         tl.store(part_max_ptr + stat, m_i, mask=row_mask)
         tl.store(part_sum_ptr + stat, l_i, mask=row_mask)
         acc_ptrs = part_acc_ptr + stat[:, None] * HEAD_DIM + offs_d[None, :]

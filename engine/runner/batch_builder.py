@@ -78,6 +78,10 @@ class BatchBuilder:
         self.prefix_groups = prefix_groups  # None: shared-prefix decode off
         # (query heads per KV head, SMs): the prefill attention's key splits; None: one range
         self.prefill_split = prefill_split
+        if prefill_split is not None:  # resolved once, not in every step's pack
+            from kernels.paged_prefill_attention import prefill_num_splits
+
+            self._prefill_num_splits = prefill_num_splits
 
     def prepare(self, out: SchedulerOutput) -> PreparedBatch:
         return self.to_device(self.pack(out))
@@ -157,10 +161,8 @@ class BatchBuilder:
             splits = self.decode_splits(seq_lens[:nd])
         prefill_splits = 1
         if self.prefill_split is not None and nd < num_seqs:
-            from kernels.paged_prefill_attention import prefill_num_splits
-
             group, num_sms = self.prefill_split
-            prefill_splits = prefill_num_splits(
+            prefill_splits = self._prefill_num_splits(
                 num_seqs - nd, max(out.num_new_tokens[nd:]), max(seq_lens[nd:]), group,
                 self.num_kv_heads, num_sms,
             )  # fmt: skip
